@@ -1,0 +1,3 @@
+from kvsim.cli import main
+
+main()

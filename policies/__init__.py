@@ -1,0 +1,34 @@
+"""KV-cache policies: decision logic only, one file per policy.
+
+This package must not import ``kvsim`` or ``tracer``: the same policy object is driven by the
+replay engine and by live decoding.
+"""
+
+from policies.base import (
+    HeadLayout,
+    HeadScores,
+    MissingCalibrationError,
+    Policy,
+    PolicyContext,
+    PrefillView,
+    QueryView,
+    StepView,
+    Tier,
+)
+from policies.registry import available, get, make, register
+
+__all__ = [
+    "HeadLayout",
+    "HeadScores",
+    "MissingCalibrationError",
+    "Policy",
+    "PolicyContext",
+    "PrefillView",
+    "QueryView",
+    "StepView",
+    "Tier",
+    "available",
+    "get",
+    "make",
+    "register",
+]

@@ -1,0 +1,297 @@
+"""The Policy protocol: what every KV-cache policy sees and decides.
+
+A policy manages the *audio* span of the KV cache only (WnW §3.3, "audio-only compression
+constraint"): every non-audio position (system prompt, text prompt, generated tokens) stays on
+GPU. For every (layer, KV-head) each audio position is in exactly one :class:`Tier`.
+
+The same policy object is driven by the replay engine (``kvsim.replay``) and by live decoding
+(``tracer.live``); it must not know which. It therefore sees the world only through the small
+views defined here:
+
+* :class:`PolicyContext` -- shapes, audio layout, budget, optional per-head calibration scores;
+* :class:`PrefillView` -- attention of the prompt's observation window over the audio, and the
+  audio keys (for page digests);
+* :class:`StepView` -- after a decode step, the attention the *compressed* model computed on
+  the audio (renormalised over what it could see), per layer;
+* an optional per-layer, query-aware :meth:`Policy.select` hook (Quest / ArkVale page scoring),
+  called before attention of that layer is computed.
+
+Tier arrays have shape ``(n_layers, n_kv_heads, n_audio)`` and dtype ``uint8``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+
+class Tier(IntEnum):
+    """Where one audio KV position of one (layer, KV-head) lives."""
+
+    GONE = 0  #: discarded; absorbing
+    CPU = 1  #: a recallable copy on host memory only
+    GPU = 2  #: resident on the accelerator (it may also have a host copy)
+
+
+TIER_DTYPE = np.uint8
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """Attention shape of the decoder (GQA: q-head ``h`` reads KV-head ``h // group``)."""
+
+    n_layers: int
+    n_q_heads: int
+    n_kv_heads: int
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        if min(self.n_layers, self.n_q_heads, self.n_kv_heads, self.head_dim) <= 0:
+            raise ValueError(f"head layout must be positive, got {self}")
+        if self.n_q_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_q_heads={self.n_q_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
+            )
+
+    @property
+    def group(self) -> int:
+        """GQA group size g = H_q / H_kv."""
+        return self.n_q_heads // self.n_kv_heads
+
+    @property
+    def n_heads_total(self) -> int:
+        """Number of (layer, KV-head) pairs, L x H_kv."""
+        return self.n_layers * self.n_kv_heads
+
+
+@dataclass(frozen=True)
+class HeadScores:
+    """Per-KV-head calibration scores (WnW §2.2, Appendix E), each of shape (L, H_kv).
+
+    ``voice_score`` is the hit ratio VS, ``sensitivity`` the gradient norm HS.
+    """
+
+    voice_score: np.ndarray
+    sensitivity: np.ndarray
+    source: str = "unknown"
+
+    def __post_init__(self) -> None:
+        vs = np.asarray(self.voice_score, dtype=np.float64)
+        hs = np.asarray(self.sensitivity, dtype=np.float64)
+        if vs.shape != hs.shape or vs.ndim != 2:
+            raise ValueError(f"voice_score {vs.shape} and sensitivity {hs.shape} must be (L, H_kv)")
+        if not (np.isfinite(vs).all() and np.isfinite(hs).all()):
+            raise ValueError("head scores contain NaN or inf")
+        if (vs < 0).any() or (hs < 0).any():
+            raise ValueError("head scores must be non-negative")
+        object.__setattr__(self, "voice_score", vs)
+        object.__setattr__(self, "sensitivity", hs)
+
+    @property
+    def importance(self) -> np.ndarray:
+        """VS x HS, the modality-aware importance that drives WnW's triage (§2.2)."""
+        return self.voice_score * self.sensitivity
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """Everything static a policy may know about one run."""
+
+    heads: HeadLayout
+    n_audio: int  #: T_a, number of audio KV positions
+    audio_tokens_per_s: float  #: r_tok
+    n_prefill: int  #: number of prompt positions (audio included)
+    head_scores: HeadScores | None = None
+    seed: int = 0
+
+    @property
+    def audio_kv_total(self) -> int:
+        """N_full^audio = L * H_kv * T_a (WnW §3.4)."""
+        return self.heads.n_layers * self.heads.n_kv_heads * self.n_audio
+
+    def budget_tokens(self, r_gpu: float) -> int:
+        """Total GPU-resident audio KV tokens allowed at target ``r_gpu``."""
+        return int(math.floor(r_gpu * self.audio_kv_total + 1e-9))
+
+    def require_head_scores(self, policy: str) -> HeadScores:
+        """Return the calibration scores or raise a message that says how to get them."""
+        if self.head_scores is None:
+            raise MissingCalibrationError(
+                f"policy {policy!r} needs per-head calibration scores (voice score and head "
+                "sensitivity, WnW §2.2). The trace carries none: pass --calibration heads.json "
+                "(made by `kvsim calibrate --model M AUDIO... --out heads.json`), or trace with "
+                "`kvsim trace --calibrate`; synthetic traces from `kvsim synth` carry them."
+            )
+        hs = self.head_scores
+        want = (self.heads.n_layers, self.heads.n_kv_heads)
+        if hs.voice_score.shape != want:
+            raise ValueError(
+                f"calibration scores have shape {hs.voice_score.shape}, model has (L, H_kv)={want}"
+            )
+        return hs
+
+
+class MissingCalibrationError(RuntimeError):
+    """A policy that needs head scores was run without them."""
+
+
+class PrefillView(Protocol):
+    """What a policy sees at prefill."""
+
+    @property
+    def n_window(self) -> int:
+        """Number of observation-window queries (prompt positions after the audio)."""
+        ...
+
+    def audio_attention(self, layer: int) -> np.ndarray:
+        """Full-model softmax of the observation-window queries, audio columns only.
+
+        Shape (H_q, W, T_a), float32. Rows do not sum to one (non-audio columns are omitted).
+        """
+        ...
+
+    def audio_keys(self, layer: int) -> np.ndarray:
+        """Post-RoPE audio keys, shape (H_kv, T_a, D), float32."""
+        ...
+
+
+class StepView(Protocol):
+    """What a policy sees after decode step ``step`` has been computed for every layer."""
+
+    @property
+    def step(self) -> int: ...
+
+    def audio_attention(self, layer: int) -> np.ndarray:
+        """Attention the compressed model computed over the audio at this step.
+
+        Shape (H_q, T_a), float32; renormalised over the positions the model could see
+        (all non-audio plus the resident audio of each head); zero where not resident.
+        """
+        ...
+
+
+class QueryView(Protocol):
+    """Input of the per-layer, query-aware :meth:`Policy.select` hook."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def layer(self) -> int: ...
+
+    def query(self) -> np.ndarray:
+        """Post-RoPE query of the current token at this layer, shape (H_q, D), float32."""
+        ...
+
+    def audio_keys(self) -> np.ndarray:
+        """Post-RoPE audio keys at this layer, shape (H_kv, T_a, D), float32."""
+        ...
+
+
+@dataclass
+class Policy(abc.ABC):
+    """Base class of every policy. Subclasses are dataclasses whose fields are their
+    hyperparameters; ``budget`` is the target audio retention r_GPU (WnW §3.4).
+
+    Lifecycle, per (trace or live input, budget): ``prefill`` once, then ``decode_step`` after
+    every decode step. ``select`` is called per layer before attention when
+    ``query_aware`` is true.
+    """
+
+    name: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    #: True when the policy may move audio KV back from CPU to GPU.
+    recallable: ClassVar[bool] = False
+    #: True when ``decode_step`` reads ``StepView.audio_attention`` (costs the engine a buffer).
+    needs_step_attention: ClassVar[bool] = False
+    #: True when the policy implements the per-layer ``select`` hook.
+    query_aware: ClassVar[bool] = False
+    #: False for policies that keep everything resident and only reduce what attention reads
+    #: (Quest): their saving is bandwidth, not capacity.
+    saves_capacity: ClassVar[bool] = True
+
+    budget: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.budget <= 1.0):
+            raise ValueError(f"{self.name}: budget r_GPU must be in (0, 1], got {self.budget}")
+
+    # ----------------------------------------------------------------------------- protocol
+    @abc.abstractmethod
+    def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        """Return the initial tiers, shape (L, H_kv, T_a), dtype uint8."""
+
+    def decode_step(self, view: StepView) -> np.ndarray | None:
+        """Update tiers after a decode step; return the new tiers or None if unchanged."""
+        return None
+
+    def select(self, view: QueryView) -> np.ndarray | None:
+        """Per-layer query-aware hook. Return a bool mask (H_kv, T_a) of the audio positions
+        attention reads at this layer and step (must be GPU-resident after the call), or None
+        to read every GPU-resident position. May update the policy's own tiers of that layer."""
+        return None
+
+    def gpu_capacity(self) -> int | None:
+        """Upper bound on GPU-resident audio KV tokens at every step, or None for no bound
+        beyond L*H_kv*T_a. The engine asserts it at every step."""
+        return None
+
+    def current_tiers(self) -> np.ndarray | None:
+        """Tiers after the last ``select`` calls (query-aware policies), else None."""
+        return None
+
+    # ----------------------------------------------------------------------------- helpers
+    @classmethod
+    def hyperparameters(cls) -> dict[str, Any]:
+        """Field name -> default, for ``kvsim policies`` and parameter parsing."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name == "budget" or not f.init:
+                continue
+            if f.default is not dataclasses.MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                out[f.name] = f.default_factory()
+        return out
+
+    def describe(self) -> str:
+        """Short label like ``snapkv(window=32)`` listing non-default hyperparameters."""
+        defaults = self.hyperparameters()
+        changed = [
+            f"{k}={getattr(self, k)}" for k, v in defaults.items() if getattr(self, k) != v
+        ]
+        return f"{self.name}({','.join(changed)})" if changed else self.name
+
+
+def full_tiers(ctx: PolicyContext, tier: Tier = Tier.GPU) -> np.ndarray:
+    """A tier array with every audio position in ``tier``."""
+    return np.full(
+        (ctx.heads.n_layers, ctx.heads.n_kv_heads, ctx.n_audio), int(tier), dtype=TIER_DTYPE
+    )
+
+
+def kv_group_sum(q_head_values: np.ndarray, group: int) -> np.ndarray:
+    """Sum a q-head axis (axis 0, length H_q) over GQA groups -> length H_kv."""
+    h_q = q_head_values.shape[0]
+    return q_head_values.reshape(h_q // group, group, *q_head_values.shape[1:]).sum(axis=1)
+
+
+def topk_mask(scores: np.ndarray, k: np.ndarray | int) -> np.ndarray:
+    """Boolean mask of the top-``k`` entries along the last axis (per row ``k`` allowed).
+
+    Ties are broken towards the earlier position (stable), so results are deterministic.
+    """
+    scores = np.asarray(scores)
+    n = scores.shape[-1]
+    k_arr = np.broadcast_to(np.asarray(k, dtype=np.int64), scores.shape[:-1])
+    k_arr = np.clip(k_arr, 0, n)
+    order = np.argsort(-scores, axis=-1, kind="stable")
+    ranks = np.empty_like(order)
+    np.put_along_axis(ranks, order, np.arange(n)[(None,) * (scores.ndim - 1)], axis=-1)
+    return ranks < k_arr[..., None]
