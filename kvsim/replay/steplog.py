@@ -1,0 +1,55 @@
+"""The per-step log of one replay: the contract between the replay engine (or live mode) and
+the hardware simulator (:mod:`kvsim.sim`).
+
+One row per decode step. Token counts are summed over all (layer, KV-head) pairs: one "token"
+is one position of one KV-head of one layer, i.e. ``2 * head_dim * dtype_bytes`` bytes of K+V.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import polars as pl
+
+#: Column -> dtype of a step log.
+STEP_LOG_COLUMNS: dict[str, pl.DataType] = {
+    "step": pl.Int64(),
+    "context_tokens": pl.Int64(),  # positions in the full context at this step (per head)
+    "non_audio_tokens": pl.Int64(),  # non-audio positions (always on GPU), per head
+    "gpu_audio_tokens": pl.Int64(),  # sum over (layer, kv-head) of GPU-resident audio positions
+    "cpu_audio_tokens": pl.Int64(),  # ... of positions held only on CPU (recallable)
+    "read_audio_tokens": pl.Int64(),  # ... of audio positions attention read (Quest: < GPU)
+    "h2d_tokens": pl.Int64(),  # (layer, kv-head) positions recalled CPU->GPU at this step
+    "h2d_bytes": pl.Int64(),  # h2d_tokens * 2 * head_dim * dtype_bytes (K and V)
+    "h2d_transfers": pl.Int64(),  # contiguous runs recalled = copies if coalesced per run
+    "h2d_tokens_by_layer": pl.List(pl.Int64()),  # per-layer breakdown of h2d_tokens
+    "h2d_transfers_by_layer": pl.List(pl.Int64()),  # per-layer breakdown of h2d_transfers
+    "released_tokens": pl.Int64(),  # positions leaving GPU at this step (to CPU or GONE)
+}
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the simulator needs to know about the run that produced a step log."""
+
+    model: str
+    n_layers: int
+    n_q_heads: int
+    n_kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    n_audio: int
+    n_prefill: int
+    n_decode: int
+    policy: str
+    budget: float
+    audio_tokens_per_s: float
+
+    @property
+    def kv_bytes_per_head_token(self) -> int:
+        """Bytes of K+V for one position of one KV-head of one layer."""
+        return 2 * self.head_dim * self.dtype_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
