@@ -1,0 +1,44 @@
+"""Shared prefill scoring helpers: observation-window attention, pooling, per-head budgets."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.ndimage import maximum_filter1d, uniform_filter1d
+
+from policies.base import PolicyContext, PrefillView, kv_group_sum
+
+
+def window_scores(
+    ctx: PolicyContext, view: PrefillView, window: int | None = None, reduce: str = "sum"
+) -> np.ndarray:
+    """Observation-window attention mass per audio position, per KV-head.
+
+    Sums the full-model attention of the last ``window`` observation queries (all when None)
+    over the window and the GQA group (SnapKV §3, "voting"). Shape (L, H_kv, T_a), float64.
+    ``reduce='mean'`` averages over the GQA group instead of summing.
+    """
+    g = ctx.heads.group
+    out = np.empty((ctx.heads.n_layers, ctx.heads.n_kv_heads, ctx.n_audio), dtype=np.float64)
+    for layer in range(ctx.heads.n_layers):
+        att = view.audio_attention(layer)  # (H_q, W, T_a)
+        if window is not None and window < att.shape[1]:
+            att = att[:, -window:, :]
+        per_q = att.sum(axis=1, dtype=np.float64)  # (H_q, T_a)
+        out[layer] = kv_group_sum(per_q, g) / (g if reduce == "mean" else 1)
+    return out
+
+
+def pool_scores(scores: np.ndarray, kernel: int, kind: str = "avg") -> np.ndarray:
+    """Pool scores along the position axis with a centred window (SnapKV's clustering step)."""
+    if kernel <= 1:
+        return scores
+    if kind == "max":
+        return maximum_filter1d(scores, size=kernel, axis=-1, mode="nearest")
+    if kind == "avg":
+        return uniform_filter1d(scores, size=kernel, axis=-1, mode="nearest")
+    raise ValueError(f"pooling must be 'avg' or 'max', got {kind!r}")
+
+
+def uniform_head_budget(ctx: PolicyContext, r_gpu: float) -> int:
+    """Per-(layer, KV-head) audio budget floor(r * T_a) (the audio-only scope of WnW §3.3)."""
+    return int(np.floor(r_gpu * ctx.n_audio + 1e-9))

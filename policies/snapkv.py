@@ -1,0 +1,50 @@
+"""SnapKV (Li et al., 2024): observation-window voting, pooling, per-head top-k at prefill.
+
+Scores each audio position by the attention it receives from the last ``window`` prompt
+queries (summed over the GQA group), smooths with a pooling kernel so that neighbours of a hit
+are kept (SnapKV §4.2 "clustering"), and keeps the top ``floor(r * T_a)`` per (layer, KV-head).
+The set is fixed for the whole decode (no recall): prefill-only compression.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies._scoring import pool_scores, uniform_head_budget, window_scores
+from policies.base import Policy, PolicyContext, PrefillView, Tier, topk_mask
+from policies.registry import register
+
+
+@register
+@dataclass
+class SnapKV(Policy):
+    """Prefill-only top-k of pooled observation-window attention.
+
+    Parameters
+    ----------
+    window : int
+        Observation-window length (last prompt queries; SnapKV default 32).
+    kernel : int
+        Pooling kernel size (SnapKV default 7).
+    pooling : str
+        ``"avg"`` (SnapKV default) or ``"max"``.
+    """
+
+    name = "snapkv"
+    paper = "Li et al., SnapKV: LLM Knows What You Are Looking For Before Generation, NeurIPS 2024"
+
+    window: int = 32
+    kernel: int = 7
+    pooling: str = "avg"
+
+    def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        scores = pool_scores(window_scores(ctx, view, self.window), self.kernel, self.pooling)
+        budget = uniform_head_budget(ctx, self.budget)
+        keep = topk_mask(scores, budget)
+        self._capacity = budget * ctx.heads.n_heads_total
+        return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
+
+    def gpu_capacity(self) -> int | None:
+        return self._capacity
