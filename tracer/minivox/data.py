@@ -47,6 +47,7 @@ class SplitSpec:
     n_clips: int
     min_s: float
     max_s: float
+    pool: str | None = None  # text pool (split) to draw from; default: ``name``
 
 
 @dataclass
@@ -56,6 +57,7 @@ class DataConfig:
     seed: int = 0
     splits: list[SplitSpec] = field(default_factory=lambda: [
         SplitSpec("train", 2400, 8.0, 29.0),
+        SplitSpec("train_long", 320, 30.0, 60.0, pool="train"),
         SplitSpec("dev", 24, 8.0, 29.0),
         SplitSpec("test_30_60", 20, 30.0, 60.0),
         SplitSpec("test_long", 8, 60.0, 240.0),
@@ -198,8 +200,8 @@ def make_clip(tts, pool: list[str], cursor: int, rng: random.Random, min_s: floa
     }, cursor
 
 
-def generate(out: Path, cfg: DataConfig, splits: list[str] | None = None) -> Path:
-    """Generate audio + manifest under ``out``; returns the manifest path."""
+def _generate_split(out: Path, cfg: DataConfig, spec: SplitSpec) -> None:
+    """Synthesise one split into ``<out>/parts/<split>.parquet`` (run in a fresh process)."""
     import polars as pl
     import soundfile as sf
     from tqdm import tqdm
@@ -208,33 +210,53 @@ def generate(out: Path, cfg: DataConfig, splits: list[str] | None = None) -> Pat
 
     tts = ESpeak()
     texts = split_texts(load_fortunes(), cfg)
+    pool = list(texts[spec.pool or spec.name])
+    random.Random(cfg.seed + 1 + (spec.pool is not None)).shuffle(pool)
+    cursor = 0
+    adir = out / "audio" / spec.name
+    adir.mkdir(parents=True, exist_ok=True)
     rows = []
+    for i in tqdm(range(spec.n_clips), desc=spec.name, mininterval=5):
+        rng = random.Random(_clip_seed(cfg.seed, spec.name, i))
+        res = make_clip(tts, pool, cursor, rng, spec.min_s, spec.max_s)
+        if res is None:
+            raise RuntimeError(f"split {spec.name}: could not build clip {i}")
+        clip, cursor = res
+        cid = f"{spec.name}-{i:05d}"
+        rel = f"audio/{spec.name}/{cid}.flac"
+        sf.write(out / rel, clip.pop("audio"), 16000, subtype="PCM_16")
+        dur = sf.info(out / rel).duration
+        rows.append({"id": cid, "split": spec.name, "audio_path": rel, "duration": dur, **clip})
+    (out / "parts").mkdir(exist_ok=True)
+    pl.DataFrame(rows).write_parquet(out / "parts" / f"{spec.name}.parquet")
+
+
+def generate(out: Path, cfg: DataConfig, splits: list[str] | None = None) -> Path:
+    """Generate audio + manifest under ``out``; returns the manifest path.
+
+    libespeak-ng keeps state between calls within a process (its output depends on what was
+    synthesised before), so every split is synthesised in a fresh process: each split is
+    then a deterministic function of (seed, split), whatever else is regenerated.
+    """
+    import multiprocessing as mp
+
+    import polars as pl
+
+    ctx = mp.get_context("spawn")
     for spec in cfg.splits:
         if splits and spec.name not in splits:
             continue
-        pool = texts[spec.name]
-        random.Random(cfg.seed + 1).shuffle(pool)
-        cursor = 0
-        adir = out / "audio" / spec.name
-        adir.mkdir(parents=True, exist_ok=True)
-        for i in tqdm(range(spec.n_clips), desc=spec.name, mininterval=5):
-            rng = random.Random(_clip_seed(cfg.seed, spec.name, i))
-            res = make_clip(tts, pool, cursor, rng, spec.min_s, spec.max_s)
-            if res is None:
-                raise RuntimeError(f"split {spec.name}: could not build clip {i}")
-            clip, cursor = res
-            cid = f"{spec.name}-{i:05d}"
-            rel = f"audio/{spec.name}/{cid}.flac"
-            sf.write(out / rel, clip.pop("audio"), 16000, subtype="PCM_16")
-            dur = sf.info(out / rel).duration
-            rows.append({"id": cid, "split": spec.name, "audio_path": rel, "duration": dur,
-                         **clip})
+        proc = ctx.Process(target=_generate_split, args=(out, cfg, spec))
+        proc.start()
+        proc.join()
+        if proc.exitcode != 0:
+            raise RuntimeError(f"split {spec.name}: generation failed (exit {proc.exitcode})")
+    parts = [out / "parts" / f"{s.name}.parquet" for s in cfg.splits]
+    missing = [str(p) for p in parts if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"missing split manifests: {missing}")
     manifest = out / "manifest.parquet"
-    df = pl.DataFrame(rows)
-    if manifest.exists() and splits:
-        old = pl.read_parquet(manifest).filter(~pl.col("split").is_in(splits))
-        df = pl.concat([old, df], how="vertical_relaxed")
-    df.write_parquet(manifest)
+    pl.concat([pl.read_parquet(p) for p in parts], how="vertical_relaxed").write_parquet(manifest)
     return manifest
 
 

@@ -64,9 +64,11 @@ class MinivoxProcessor:
         padded = np.zeros(n * win, np.float32)
         padded[: audio.size] = audio
         chunks = [padded[i * win : (i + 1) * win] for i in range(n)]
-        feats = self.feature_extractor(
-            chunks, sampling_rate=self.sampling_rate, return_tensors="np", padding="max_length"
-        )["input_features"]
+        with torch.autocast("cpu", enabled=False):  # the extractor computes in torch
+            feats = self.feature_extractor(
+                chunks, sampling_rate=self.sampling_rate, return_tensors="np",
+                padding="max_length",
+            )["input_features"]
         return torch.from_numpy(np.ascontiguousarray(feats, dtype=np.float32))
 
     # ----------------------------------------------------------------- prompt

@@ -56,6 +56,7 @@ class TrainConfig:
     ckpt_every: int = 25
     max_minutes: float = 1e9
     bf16: bool = True
+    p_long: float = 0.25  # share of steps on 30-60 s (two-window) clips, batch // 2 of them
 
 
 def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
@@ -66,8 +67,8 @@ def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
     audio, sr = sf.read(row["abs_path"], dtype="float32")
     if sr != 16000:
         raise ValueError(f"{row['abs_path']}: sample rate {sr}, expected 16000")
-    with torch.no_grad():
-        h = model.model.audio_tower(proc.features(audio)).last_hidden_state
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        h = model.model.audio_tower(proc.features(audio)).last_hidden_state.float()
     h = h.reshape(-1, h.shape[-1])
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = cache_dir / f"{row['id']}.{os.getpid()}.tmp.npy"
@@ -205,7 +206,13 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None) -> No
     dev_rows = read_manifest(data, "dev").to_dicts()[: cfg.eval_clips]
     cache_dir = data / "enc_cache"
     # Deterministic example order: epoch e uses permutation seeded by (seed, e).
+    long_rows = read_manifest(data, "train_long").to_dicts() if cfg.p_long > 0 else []
+
     def batch_rows(s: int) -> list[dict]:
+        rng = np.random.default_rng([cfg.seed, s, 7])
+        if long_rows and rng.random() < cfg.p_long:  # a multi-window (30-60 s) batch
+            idx = rng.choice(len(long_rows), size=max(1, cfg.batch // 2), replace=False)
+            return [long_rows[i] for i in idx]
         out = []
         for j in range(cfg.batch):
             k = s * cfg.batch + j
