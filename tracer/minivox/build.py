@@ -82,7 +82,7 @@ def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, s
         meta = f.metadata() or {}
         if meta.get("format") != ADAPTER_FORMAT:
             raise ValueError(f"{path}: not a {ADAPTER_FORMAT} file (metadata format={meta.get('format')!r})")
-        tensors = {k: f.get_tensor(k) for k in f}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
     return tensors, meta
 
 
@@ -117,9 +117,12 @@ def _adapter_key(adapter: Path | None) -> str:
     return h.hexdigest()[:16]
 
 
-def ensure_cached(adapter: str | Path | None = None) -> Path:
-    """Directory holding the assembled minivox (built on first use); see module docstring."""
-    ad = Path(adapter) if adapter is not None else default_adapter_path()
+def ensure_cached(adapter: str | Path | None = None, untrained: bool = False) -> Path:
+    """Directory holding the assembled minivox (built on first use); see module docstring.
+
+    ``adapter=None`` uses the shipped adapter; ``untrained=True`` builds without any adapter
+    (seeded random projector, decoder unchanged)."""
+    ad = None if untrained else (Path(adapter) if adapter is not None else default_adapter_path())
     out = cache_root() / _adapter_key(ad)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out

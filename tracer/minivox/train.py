@@ -160,7 +160,8 @@ def export(run: Path, cfg: TrainConfig, model, step: int, wer: float, name: str)
     return out
 
 
-def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None) -> None:
+def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
+          init_projector: Path | None = None) -> None:
     torch.set_num_threads(1)
     random.seed(cfg.seed)
     run.mkdir(parents=True, exist_ok=True)
@@ -192,6 +193,11 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None) -> No
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
     step, best = 0, float("inf")
+    if init_projector is not None:
+        from safetensors.torch import load_file
+
+        model.model.multi_modal_projector.load_state_dict(load_file(str(init_projector)))
+        print(f"projector initialised from {init_projector}", flush=True)
     last = run / "last.pt"
     if last.is_file():
         st = torch.load(last, weights_only=True)
@@ -285,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data", type=Path, default=Path("/work/data/minivox"))
     ap.add_argument("--run", type=Path, default=Path("/work/data/minivox/run"))
     ap.add_argument("--export", action="store_true", help=f"copy the best adapter to {REPO_WEIGHTS}")
+    ap.add_argument("--init-projector", type=Path, default=None,
+                    help="projector weights from stage-1 alignment (tracer.minivox.align)")
     ap.add_argument("--prefill-cache", default=None, metavar="SPLIT",
                     help="only compute the encoder cache of SPLIT, then exit")
     d = TrainConfig()
@@ -299,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
         prefill_cache(args.data, args.prefill_cache)
         return
     cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(d)})
-    train(args.data, args.run, cfg, REPO_WEIGHTS if args.export else None)
+    train(args.data, args.run, cfg, REPO_WEIGHTS if args.export else None, args.init_projector)
 
 
 if __name__ == "__main__":
