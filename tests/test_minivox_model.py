@@ -221,3 +221,37 @@ def test_real_minivox_loads_offline_and_transcribes(monkeypatch):
     out = model.generate(**inp, max_new_tokens=60, do_sample=False)
     hyp = proc.decode(out[0, inp["input_ids"].shape[1]:])
     assert corpus_wer([text], [hyp]) < 0.5, hyp
+
+
+def test_lora_merge_matches_wrapped_forward_and_adapter_roundtrip(tmp_path):
+    """Merging the saved LoRA factors into plain Linear layers reproduces the trained forward."""
+    from torch import nn
+
+    from tracer.minivox.build import read_adapter, save_adapter
+    from tracer.minivox.lora import add_lora, lora_state, merge_lora
+
+    torch.manual_seed(0)
+    import copy
+
+    base = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 4))
+    trained = copy.deepcopy(base)
+    names = add_lora(trained, rank=2, alpha=4.0, targets=("0", "2"))
+    assert names == ["0", "2"]
+    for m in trained.modules():
+        if hasattr(m, "lora_B"):
+            nn.init.normal_(m.lora_B)
+    x = torch.randn(3, 6)
+    want = trained(x)
+    assert not torch.allclose(want, base(x))  # the adapter changes the function
+    proj = {"linear_1.weight": torch.zeros(2, 2)}
+    save_adapter(tmp_path / "a.safetensors", proj, lora_state(trained), {"step": 1})
+    tensors, meta = read_adapter(tmp_path / "a.safetensors")
+    assert meta["format"] == "minivox-adapter-v1" and meta["step"] == "1"
+    lora = {k[5:]: v for k, v in tensors.items() if k.startswith("lora.")}
+    assert merge_lora(base, lora) == 2
+    torch.testing.assert_close(base(x), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="not a minivox-adapter-v1"):
+        from safetensors.torch import save_file
+
+        save_file({"x": torch.zeros(1)}, str(tmp_path / "b.safetensors"))
+        read_adapter(tmp_path / "b.safetensors")

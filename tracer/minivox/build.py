@@ -87,11 +87,12 @@ def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, s
 
 
 def save_adapter(path: str | Path, projector: dict[str, torch.Tensor],
-                 lora: dict[str, torch.Tensor], meta: dict[str, object]) -> None:
+                 lora: dict[str, torch.Tensor], meta: dict[str, object],
+                 dtype: torch.dtype = torch.float32) -> None:
     """Write projector weights + LoRA factors (scale folded into B) as safetensors."""
-    tensors = {f"multi_modal_projector.{k}": v.detach().float().contiguous()
+    tensors = {f"multi_modal_projector.{k}": v.detach().to(dtype).contiguous()
                for k, v in projector.items()}
-    tensors.update({f"lora.{k}": v.detach().float().contiguous() for k, v in lora.items()})
+    tensors.update({f"lora.{k}": v.detach().to(dtype).contiguous() for k, v in lora.items()})
     md = {"format": ADAPTER_FORMAT, **{k: json.dumps(v) for k, v in meta.items()}}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata=md)
@@ -99,6 +100,7 @@ def save_adapter(path: str | Path, projector: dict[str, torch.Tensor],
 
 def apply_adapter(model: MinivoxForConditionalGeneration, tensors: dict[str, torch.Tensor]) -> None:
     """Load the projector and merge the LoRA factors into the decoder's linear layers."""
+    tensors = {k: v.float() for k, v in tensors.items()}
     proj = {k[len("multi_modal_projector."):]: v for k, v in tensors.items()
             if k.startswith("multi_modal_projector.")}
     model.model.multi_modal_projector.load_state_dict(proj)
@@ -126,10 +128,14 @@ def ensure_cached(adapter: str | Path | None = None, untrained: bool = False) ->
     out = cache_root() / _adapter_key(ad)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
-    model, proc = build_base()
-    if ad is not None:
+    if ad is not None:  # start from the cached untrained build (skips GGUF dequantisation)
+        from . import load_minivox
+
+        model, proc = load_minivox(ensure_cached(untrained=True))
         tensors, _ = read_adapter(ad)
         apply_adapter(model, tensors)
+    else:
+        model, proc = build_base()
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     proc.tokenizer.save_pretrained(tmp)
@@ -138,3 +144,14 @@ def ensure_cached(adapter: str | Path | None = None, untrained: bool = False) ->
         "adapter": str(ad) if ad else None}, indent=1))
     os.replace(tmp, out) if not out.exists() else None
     return out
+
+
+def compact_adapter(src: str | Path, dst: str | Path) -> Path:
+    """Re-save an adapter in float16 (the shipped form: half the bytes)."""
+    tensors, meta = read_adapter(src)
+    proj = {k[len("multi_modal_projector."):]: v for k, v in tensors.items()
+            if k.startswith("multi_modal_projector.")}
+    lora = {k[len("lora."):]: v for k, v in tensors.items() if k.startswith("lora.")}
+    md = {k: json.loads(v) for k, v in meta.items() if k != "format"}
+    save_adapter(dst, proj, lora, md, dtype=torch.float16)
+    return Path(dst)

@@ -51,6 +51,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     lora_rank: int = 8
     lora_alpha: float = 16.0
+    lora_targets: str = "q_proj,k_proj,v_proj,o_proj"
     eval_every: int = 100
     eval_clips: int = 6
     ckpt_every: int = 25
@@ -172,7 +173,8 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     if cfg.bf16:  # frozen decoder in bf16 (AMX); trainable parts stay fp32 under autocast
         model.model.language_model.to(torch.bfloat16)
         model.lm_head.to(torch.bfloat16)
-    add_lora(model.model.language_model, cfg.lora_rank, cfg.lora_alpha)
+    add_lora(model.model.language_model, cfg.lora_rank, cfg.lora_alpha,
+             tuple(cfg.lora_targets.split(",")))
     torch.manual_seed(cfg.seed)
     for m in model.model.language_model.modules():
         if hasattr(m, "lora_A"):
