@@ -24,13 +24,13 @@ from .wer import corpus_wer
 
 
 def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | None,
-             out: Path | None) -> dict[str, float]:
+             out: Path | None, shard: tuple[int, int] = (0, 1)) -> dict[str, float]:
     torch.set_num_threads(1)
     model, proc = load_minivox(minivox_dir(adapter))
     results: dict[str, float] = {}
     fh = out.open("w") if out else None
     for split in splits:
-        rows = read_manifest(data, split).to_dicts()[:limit]
+        rows = read_manifest(data, split).to_dicts()[:limit][shard[0]::shard[1]]
         refs, hyps = [], []
         for r in rows:
             audio, _ = sf.read(r["abs_path"], dtype="float32")
@@ -62,6 +62,18 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | N
     return results
 
 
+def summarise(files: list[Path]) -> dict[str, float]:
+    """Corpus WER per split over the records of several ``--out`` files."""
+    recs = [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
+    out = {}
+    for split in sorted({r["split"] for r in recs}):
+        rs = [r for r in recs if r["split"] == split]
+        out[split] = corpus_wer([r["ref"] for r in rs], [r["hyp"] for r in rs])
+        gen = sum(r["n_gen"] for r in rs)
+        print(f"{split}\tclips {len(rs)}\tWER {out[split]:.4f}\tgenerated {gen} tokens")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="minivox full-cache greedy WER on held-out sets")
     ap.add_argument("--data", type=Path, default=Path("/work/data/minivox"))
@@ -69,8 +81,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--adapter", type=Path, default=None)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--shard", default="0/1", help="i/n: evaluate every n-th clip from i "
+                    "(run shards in parallel, then --summarise their --out files)")
+    ap.add_argument("--summarise", nargs="*", type=Path, default=None,
+                    help="only print corpus WER per split from these --out files")
     a = ap.parse_args(argv)
-    res = evaluate(a.data, a.splits, a.adapter, a.limit, a.out)
+    if a.summarise:
+        summarise(a.summarise)
+        return
+    i, n = (int(x) for x in a.shard.split("/"))
+    res = evaluate(a.data, a.splits, a.adapter, a.limit, a.out, (i, n))
     for k, v in res.items():
         print(f"{k}\tWER\t{v:.4f}")
 
