@@ -24,7 +24,7 @@ from kvsim.replay.attention import as_f32, causal_attention, gqa_logits, softmax
 from kvsim.replay.steplog import STEP_LOG_COLUMNS, RunFacts
 from kvsim.trace.reader import Trace
 from policies import registry
-from policies.base import HeadScores, Policy, PolicyContext, Tier
+from policies.base import HeadScores, MissingCalibrationError, Policy, PolicyContext, Tier
 
 
 class InvariantViolation(AssertionError):
@@ -222,6 +222,7 @@ class Replayer:
             seed=self.cfg.seed,
         )
         self.dtype_bytes = np.dtype(meta.model.dtype).itemsize
+        self.failures: list[tuple[PolicySpec, str]] = []
 
     # ------------------------------------------------------------------------- main loop
     def run(self, specs: list[PolicySpec]) -> list[RunResult]:
@@ -230,11 +231,18 @@ class Replayer:
         g, Ta = heads.group, self.n_audio
         shape = (L, Hkv, Ta)
         runs = [_Run(s, s.make(), ctx, self.n_steps) for s in specs]
+        self.failures: list[tuple[PolicySpec, str]] = []
 
         prefill_view = _PrefillView(self.keys32, self.trace, self.audio)
-        for run in runs:
+        for run in list(runs):
             t0 = time.perf_counter()
-            tiers = run.policy.prefill(ctx, prefill_view)
+            try:
+                tiers = run.policy.prefill(ctx, prefill_view)
+            except MissingCalibrationError as exc:
+                # a policy that cannot run on this trace is reported; the others go on
+                self.failures.append((run.spec, str(exc)))
+                runs.remove(run)
+                continue
             run.seconds += time.perf_counter() - t0
             _check_tiers(run.spec.label, tiers, shape)
             run.tiers = tiers.copy()
