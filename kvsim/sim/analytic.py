@@ -6,9 +6,10 @@
 - ``snapkv`` (any static prefill-only policy): ``floor(r * T_a)`` positions per (layer,
   KV-head) on GPU, no transfers.
 - ``wnw`` (WnW paper §2.3): ``n_anchor`` anchor heads keep all audio on GPU; the other heads
-  keep the per-segment top ``floor(retention * n_s)`` positions; tidal heads additionally hold
+  keep the per-segment top ``round(retention * n_s)`` positions (the paper tunes lambda so
+  the measured r_GPU meets the target, so the resident total is ``r_gpu * L * H_kv * T_a``); tidal heads additionally hold
   the full content of the segments covered by the top-k chunks (chunks of two segments, stride
-  one segment) and recall the missing ``n_s - floor(retention * n_s)`` positions of each
+  one segment) and recall the missing ``n_s - round(retention * n_s)`` positions of each
   segment entering that window; segments leaving it are released after ``delta`` steps.
 
 The chunk window follows the decode frontier, which advances one ``segment_s``-second segment
@@ -114,11 +115,10 @@ def analytic_workload(
         n_s = max(1, math.ceil(pol.segment_s * model.audio_tokens_per_s))
         n_seg = math.ceil(T_a / n_s)
         r_t = pol.tidal_retention(model)
-        k = math.floor(r_t * n_s)
+        k = round(r_t * n_s)  # per-segment top-k (WnW §2.3); lambda is tuned to hit r_gpu
         m = n_s - k
         runs_per_seg = m * (k + 1) / n_s if m else 0.0
-        others = L * H - pol.anchor_heads
-        base = pol.anchor_heads * T_a + others * k * n_seg
+        base = round(pol.r_gpu * L * H * T_a)
         tidal_l = np.full(L, pol.tidal_heads // L, dtype=np.int64)
         tidal_l[: pol.tidal_heads % L] += 1
         tokens_per_seg = pol.segment_s * pol.words_per_s * pol.tokens_per_word

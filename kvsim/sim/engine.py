@@ -101,11 +101,7 @@ class SimMode:
                 if val not in ("true", "false", "1", "0", "yes", "no"):
                     raise ModeError(f"mode {spec!r}: {key} must be true/false")
                 kw["cuda_graphs" if key == "graphs" else key] = val in ("true", "1", "yes")
-            elif key == "recall" and val in ("sync", "overlap"):
-                kw[key] = val
-            elif key == "granularity" and val in ("run", "segment", "layer"):
-                kw[key] = val
-            elif key == "recall_timing" and val in ("auto", "after_step", "in_layer"):
+            elif key == "recall" and val in ("sync", "overlap") or key == "granularity" and val in ("run", "segment", "layer") or key == "recall_timing" and val in ("auto", "after_step", "in_layer"):
                 kw[key] = val
             else:
                 raise ModeError(f"mode {spec!r}: bad setting {part!r}")
@@ -192,10 +188,12 @@ def run_simulation(
     facts = wl.facts
     L = wl.n_layers
     kvb = facts.kv_bytes_per_head_token
-    c = step_costs(gpu, model, rt, batch, mode.cuda_graphs)
+    graphs = mode.cuda_graphs or rt.cuda_graphs
+    c = step_costs(gpu, model, rt, batch, graphs)
     timing = mode.recall_timing
     if timing == "auto":
-        timing = "in_layer" if facts.policy.lower() in _IN_LAYER_POLICIES else "after_step"
+        base = facts.policy.lower().split(":")[0].split("@")[0]
+        timing = "in_layer" if base in _IN_LAYER_POLICIES else "after_step"
 
     # Copies per (step, layer) and their bytes, scaled to the batch.
     tok = wl.h2d_tokens_by_layer * batch
@@ -214,7 +212,7 @@ def run_simulation(
         3 * rt.host_us_per_op + gpu.kernel_launch_us if gathered else 2 * rt.host_us_per_op
     )
     gather_us_per_byte = 1.0 / (rt.host_gather_gbps * 1e3) if gathered else 0.0
-    if mode.cuda_graphs:
+    if graphs:
         host_per_copy = gpu.memcpy_api_us + (gpu.kernel_launch_us if gathered else 0.0)
 
     # Per-step resident and read KV (bytes, whole batch).

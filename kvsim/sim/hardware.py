@@ -73,8 +73,7 @@ class Stream:
             yield prev
         if wait:
             t0 = env.now
-            for ev in wait:
-                yield ev
+            yield from wait  # each already-processed event resumes immediately
             if env.now > t0:
                 self.stall_us[tag] = self.stall_us.get(tag, 0.0) + (env.now - t0)
         if channel is not None:
