@@ -24,6 +24,7 @@ def calibrate_hw(
     quick: Annotated[bool, typer.Option(help="Shorter sweep (up to 256 MiB, 3 KV lengths)")] = False,
     from_json: Annotated[Path | None, typer.Option(help="Fit saved measurements instead of measuring")] = None,
     host_only: Annotated[bool, typer.Option(help="Only measure eager-decode host cost (CPU; no GPU needed)")] = False,
+    device: Annotated[str, typer.Option(help="--host-only: run the probe on this torch device (cpu or cuda)")] = "cpu",
 ) -> None:
     """Measure H2D/D2H copies (4 KiB-1 GiB, pinned and pageable), per-call overhead and one
     decoder layer's decode time vs KV length; fit and write a GPU preset."""
@@ -42,7 +43,7 @@ def calibrate_hw(
 
         mp = model_preset(model)
         for attn in ("sdpa", "eager"):
-            r = probe_hf_eager(mp.n_layers, mp.n_q_heads, mp.n_kv_heads, attn=attn)
+            r = probe_hf_eager(mp.n_layers, mp.n_q_heads, mp.n_kv_heads, attn=attn, device=device)
             print(json.dumps(r.to_json()))
         return
     try:

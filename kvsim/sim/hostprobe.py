@@ -27,6 +27,7 @@ class HostProbeResult:
     """Host cost of eager decode (microseconds), measured on this machine's CPU."""
 
     attn_implementation: str
+    device: str
     n_layers: int
     ops_per_layer: float
     kernels_per_layer: float
@@ -72,7 +73,7 @@ def _forward_loop(model, ctx: int, steps: int):
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    ids = torch.randint(0, 256, (1, ctx))
+    ids = torch.randint(0, 256, (1, ctx), device=model.device)
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=True)
         cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
@@ -104,7 +105,7 @@ def _forward_loop(model, ctx: int, steps: int):
 def _generate_us(model, ctx: int, steps: int) -> float:
     import torch
 
-    ids = torch.randint(0, 256, (1, ctx))
+    ids = torch.randint(0, 256, (1, ctx), device=model.device)
     with torch.no_grad():
         model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
         best = float("inf")
@@ -120,21 +121,22 @@ def _generate_us(model, ctx: int, steps: int) -> float:
 
 def probe_hf_eager(
     n_layers: int = 30, n_q_heads: int = 32, n_kv_heads: int = 8, attn: str = "sdpa",
-    context_tokens: int = 32, steps: int = 30,
+    context_tokens: int = 32, steps: int = 30, device: str = "cpu",
 ) -> HostProbeResult:
     """Measure eager decode host cost for a layer layout (Voxtral-mini-3b: 30, 32, 8).
 
     ``host_us_per_op`` = (step time of the deep model - of a 2-layer model) / (ops difference):
     the per-operator Python + dispatcher cost, including a tiny CPU kernel that a GPU run
-    replaces by a launch (so it slightly overestimates the GPU host cost per op).
+    replaces by a launch (so it slightly overestimates the GPU host cost per op). With
+    ``device='cuda'`` the same number includes the launch: it is the GPU host cost per op.
     """
     import torch
     import transformers
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    deep = _build(n_layers, n_q_heads, n_kv_heads, attn)
-    shallow = _build(2, n_q_heads, n_kv_heads, attn)
+    deep = _build(n_layers, n_q_heads, n_kv_heads, attn).to(device)
+    shallow = _build(2, n_q_heads, n_kv_heads, attn).to(device)
     t_deep, ops_deep, k_deep = _forward_loop(deep, context_tokens, steps)
     t_sh, ops_sh, k_sh = _forward_loop(shallow, context_tokens, steps)
     per_layer_ops = (ops_deep - ops_sh) / (n_layers - 2)
@@ -143,7 +145,7 @@ def probe_hf_eager(
     step_ops = ops_deep - per_layer_ops * n_layers
     gen = _generate_us(deep, context_tokens, steps)
     return HostProbeResult(
-        attn_implementation=attn, n_layers=n_layers, ops_per_layer=per_layer_ops,
+        attn_implementation=attn, device=device, n_layers=n_layers, ops_per_layer=per_layer_ops,
         kernels_per_layer=per_layer_k, step_ops=step_ops, host_us_per_op=us_per_op,
         step_fixed_us=max(gen - t_deep, 0.0), step_ms_forward=t_deep / 1e3,
         step_ms_generate=gen / 1e3, torch_version=torch.__version__,
