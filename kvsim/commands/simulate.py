@@ -78,7 +78,7 @@ def simulate(
     anchor_heads: Annotated[int, typer.Option(help="Analytic WnW: anchor heads")] = 5,
     audio_minutes: Annotated[float, typer.Option(help="Analytic mode: audio length")] = 4.0,
     decode_steps: Annotated[int | None, typer.Option(help="Analytic mode: decode steps (default: transcript length of the audio)")] = None,
-    table: Annotated[str | None, typer.Option(help="Print a documented table: wnw4 | capacity")] = None,
+    table: Annotated[str | None, typer.Option(help="Print a documented table: wnw4 | capacity | memory (WnW Fig. 4 analogue; chart with --out)")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write sim_results.parquet and per-step parquet here")] = None,
 ) -> None:
     """Simulate decode steps on a SimPy model of the host, CUDA streams, HBM and PCIe."""
@@ -108,8 +108,20 @@ def simulate(
                 frame = tables.wnw_table4(gpu=_split(gpu)[0], runtime=runtime)
             elif table == "capacity":
                 frame = tables.capacity_table()
+            elif table == "memory":
+                frame = tables.memory_over_steps(model or "voxtral-mini-3b", _split(gpu)[0],
+                                                 audio_minutes * 60)
+                if out:
+                    from kvsim.plots import save_chart
+
+                    chart = tables.memory_chart(frame, f"GPU KV cache over decode steps ({model or 'voxtral-mini-3b'}, {audio_minutes:g} min audio)")
+                    for p in save_chart(chart, out / "memory_over_steps"):
+                        console.print(f"wrote {p}")
+                frame = frame.group_by("policy", "r_gpu").agg(
+                    pl.col("gib").first().alias("gib_first_step"), pl.col("gib").max().alias("gib_peak"),
+                    pl.col("gib").last().alias("gib_last_step")).sort("policy", "r_gpu")
             else:
-                raise ValueError(f"unknown table {table!r}; use wnw4 or capacity")
+                raise ValueError(f"unknown table {table!r}; use wnw4, capacity or memory")
             print(frame)
             if out:
                 out.mkdir(parents=True, exist_ok=True)

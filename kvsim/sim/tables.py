@@ -97,3 +97,50 @@ def capacity_table(
                     row["peak_gib"] = s["peak_gpu_gib"]
                 rows.append(row)
     return pl.DataFrame(rows)
+
+
+def memory_over_steps(
+    model: str = "voxtral-mini-3b", gpu: str = "h100-sxm", audio_s: float = 240.0,
+    budgets: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8), kv_only: bool = True,
+) -> pl.DataFrame:
+    """WnW Figure 4 analogue: GPU KV-cache size over decode steps (one sequence).
+
+    Rows: policy, r_gpu, step, gib (KV + staging if ``kv_only``, else the whole ledger).
+    WnW uses the paper's n_voice per budget (§3.4: Voxtral 90/50/30/30, Qwen 27/15/9/9).
+    """
+    mp = model_preset(model)
+    n_voice = {"voxtral-mini-3b": (90, 50, 30, 30), "qwen2.5-omni-3b": (27, 15, 9, 9)}.get(
+        mp.name, (30, 30, 30, 30))
+    frames = []
+    for i, r in enumerate(budgets):
+        tidal = max(n_voice[min(i, 3)] - 5, 0)
+        for label, pol in (("snapkv", AnalyticPolicy("snapkv", r)),
+                           ("wnw", AnalyticPolicy("wnw", r, tidal_heads=tidal))):
+            res = simulate_workload(analytic_workload(mp, pol, audio_s), gpu, "sync", model=mp)
+            b = res.per_step["gpu_bytes"].to_numpy()
+            if kv_only:
+                b = b - res.raw.ledger_by_tag.get("weights", 0) - res.raw.ledger_by_tag.get("workspace", 0)
+            frames.append(pl.DataFrame({"policy": label, "r_gpu": r,
+                                        "step": res.per_step["step"], "gib": b / 2**30}))
+    full = simulate_workload(analytic_workload(mp, AnalyticPolicy("full"), audio_s), gpu, "sync",
+                             model=mp)
+    b = full.per_step["gpu_bytes"].to_numpy()
+    if kv_only:
+        b = b - full.raw.ledger_by_tag.get("weights", 0) - full.raw.ledger_by_tag.get("workspace", 0)
+    frames.append(pl.DataFrame({"policy": "full", "r_gpu": 1.0, "step": full.per_step["step"],
+                                "gib": b / 2**30}))
+    return pl.concat(frames)
+
+
+def memory_chart(frame: pl.DataFrame, title: str):
+    """Altair line chart of :func:`memory_over_steps`."""
+    import altair as alt
+
+    data = frame.with_columns(
+        (pl.col("policy") + "@" + pl.col("r_gpu").cast(pl.Utf8)).alias("run"))
+    return alt.Chart(alt.Data(values=data.to_dicts())).mark_line().encode(
+        x=alt.X("step:Q", title="decode step"),
+        y=alt.Y("gib:Q", title="GPU KV cache (GiB)"),
+        color=alt.Color("run:N"),
+        strokeDash=alt.StrokeDash("policy:N"),
+    ).properties(title=title, width=520, height=300)
