@@ -64,26 +64,24 @@ def capacity_table(
     gpus: tuple[str, ...] = ("h100-sxm", "h200"),
     runtimes: tuple[str, ...] = ("hf-sdpa", "static-graphs"),
     audio_s: float = 240.0,
-    wnw_mode: str = "coalesced",
+    wnw_modes: tuple[str, ...] = ("sync", "coalesced"),
 ) -> pl.DataFrame:
     """Largest batch under each GPU's memory and tokens/s at that batch.
 
     Policies: full cache, SnapKV at r_GPU = 0.2 (static), WnW at r_GPU = 0.2 with the paper's
-    tidal-head count; WnW recalls use ``wnw_mode`` (sync per-head-segment copies scale with
-    the batch; see the docs for both).
+    tidal-head count (§3.4), its recalls issued in each of ``wnw_modes`` (naive per
+    head-segment synchronous copies scale with the batch; coalesced ones do not).
     """
     rows = []
     for name in models:
         model = model_preset(name)
-        pols = {
-            "full": AnalyticPolicy("full"),
-            "snapkv@0.2": AnalyticPolicy("snapkv", 0.2),
-            "wnw@0.2": AnalyticPolicy("wnw", 0.2, tidal_heads=WNW_TIDAL_AT_02.get(name, 0)),
-        }
+        pols = [("full", AnalyticPolicy("full"), "sync"),
+                ("snapkv@0.2", AnalyticPolicy("snapkv", 0.2), "sync")]
+        wnw = AnalyticPolicy("wnw", 0.2, tidal_heads=WNW_TIDAL_AT_02.get(name, 0))
+        pols += [(f"wnw@0.2 {m}", wnw, m) for m in wnw_modes]
         for gpu in gpus:
-            for label, pol in pols.items():
+            for label, pol, mode in pols:
                 wl = analytic_workload(model, pol, audio_s)
-                mode = wnw_mode if pol.policy == "wnw" else "sync"
                 row = {"model": name, "gpu": gpu, "policy": label}
                 b = max_batch(wl, gpu, mode, model=model, runtime=runtimes[0])
                 row["max_batch"] = b
@@ -94,7 +92,8 @@ def capacity_table(
                     s = simulate_workload(wl, gpu, mode, model=model, runtime=rt, batch=b,
                                           strict_memory=True).summary()
                     row[f"tok_s_{rt}"] = s["tokens_per_s"]
-                    row["peak_gib"] = s["peak_gpu_gib"]
+                    row[f"ms_tok_{rt}"] = s["ms_per_token_mean"]
+                row["peak_gib"] = s["peak_gpu_gib"] if b else 0.0
                 rows.append(row)
     return pl.DataFrame(rows)
 
