@@ -22,17 +22,17 @@ if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
 fi
 $PY -c "import simpy, polars, typer" 2>/dev/null || $PY -m pip install -q simpy polars typer rich pyarrow 2>&1 | tail -2
 
-log "1/3 calibrate-hw --quick (copy sweep 4 KiB-256 MiB, overheads, layer decode vs KV)"
-timeout 300 $PY -m kvsim calibrate-hw --quick --base "$BASE" --model voxtral-mini-3b \
+log "1/3 calibrate-hw --quick (copy sweep 4 KiB-1 GiB, overheads, layer decode vs 3 KV lengths)"
+timeout 240 $PY -m kvsim calibrate-hw --quick --base "$BASE" --model voxtral-mini-3b \
   -o "$OUT/$BASE-calibrated.toml" --name "$BASE-calibrated" 2>&1 | tee -a "$OUT/log.txt"
 
 log "2/3 eager-decode host cost on the GPU (30-layer tiny-width Llama, Voxtral head layout)"
-timeout 120 $PY -m kvsim calibrate-hw --host-only --device cuda --model voxtral-mini-3b \
+timeout 90 $PY -m kvsim calibrate-hw --host-only --device cuda --model voxtral-mini-3b \
   2>&1 | grep '^{' | tee "$OUT/hostprobe_cuda.jsonl"
 
 log "3/3 simulator: shipped vs calibrated preset, WnW 235 tidal heads, 4-min audio"
 for g in "$BASE" "$OUT/$BASE-calibrated.toml"; do
-  timeout 60 $PY -m kvsim simulate --model voxtral-mini-3b --gpu "$g" --policy wnw \
+  timeout 45 $PY -m kvsim simulate --model voxtral-mini-3b --gpu "$g" --policy wnw \
     --tidal-heads 235 --retention 0.2 --audio-minutes 4 -m sync,overlap,coalesced \
     --runtime hf-eager 2>&1 | tee -a "$OUT/log.txt"
 done

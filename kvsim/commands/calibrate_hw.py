@@ -21,7 +21,7 @@ def calibrate_hw(
     model: Annotated[str, typer.Option(help="Model preset whose decoder layer is timed")] = "voxtral-mini-3b",
     out: Annotated[Path, typer.Option("--out", "-o", help="Preset file to write")] = Path("runs/calibrate/gpu.toml"),
     name: Annotated[str | None, typer.Option(help="Name of the new preset (default: <base>-calibrated)")] = None,
-    quick: Annotated[bool, typer.Option(help="Shorter sweep (up to 256 MiB, 3 KV lengths)")] = False,
+    quick: Annotated[bool, typer.Option(help="Fewer repetitions and 3 KV lengths (same 4 KiB-1 GiB sweep)")] = False,
     from_json: Annotated[Path | None, typer.Option(help="Fit saved measurements instead of measuring")] = None,
     host_only: Annotated[bool, typer.Option(help="Only measure eager-decode host cost (CPU; no GPU needed)")] = False,
     device: Annotated[str, typer.Option(help="--host-only: run the probe on this torch device (cpu or cuda)")] = "cpu",

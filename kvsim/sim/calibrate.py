@@ -206,11 +206,10 @@ def measure_cuda(model: ModelPreset, quick: bool = False, log=print) -> Measurem
     import torch
 
     dev = torch.device("cuda:0")
-    max_exp = 28 if quick else 30  # 256 MiB or 1 GiB
-    sizes = [2**e for e in range(12, max_exp + 1, 2)]  # 4 KiB .. 1 GiB
+    sizes = [2**e for e in range(12, 31, 2)]  # 4 KiB .. 1 GiB
     res: dict[str, list[float]] = {k: [] for k in ("h2d_p", "d2h_p", "h2d_g", "d2h_g")}
     for n in sizes:
-        reps = max(3, min(200, 2**26 // n))
+        reps = max(2 if quick else 3, min(100 if quick else 200, 2**26 // n))
         g = torch.empty(n, dtype=torch.uint8, device=dev)
         hp = torch.empty(n, dtype=torch.uint8).pin_memory()
         hg = torch.empty(n, dtype=torch.uint8)
