@@ -118,3 +118,17 @@ def test_cli_without_gpu_says_so_and_fails():
     r = CliRunner().invoke(app, ["calibrate-hw"])
     assert r.exit_code == 3
     assert "no CUDA GPU" in r.output
+
+
+def test_decode_layer_benchmark_body_runs_on_cpu():
+    """The layer timed by calibrate-hw has the model's shapes (checked on CPU, fp32)."""
+    import torch
+
+    from kvsim.sim.calibrate import make_decode_layer
+
+    m = model_preset("minivox")
+    layer, x = make_decode_layer(m, 64, "cpu", dtype=torch.float32)
+    with torch.no_grad():
+        y = layer(x)
+    assert y.shape == (1, 1, m.hidden_size)
+    assert torch.isfinite(y).all()

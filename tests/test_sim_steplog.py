@@ -140,3 +140,12 @@ def test_cli_json_facts_roundtrip(tmp_path, replay_runs):
     assert model_preset(facts.model).n_layers == facts.n_layers
     assert np.isfinite(simulate_run(pl.read_parquet(js.with_suffix(".parquet")), facts)
                        .summary()["ms_per_token_mean"])
+
+
+def test_simulate_runs_table(replay_runs):
+    from kvsim.sim import simulate_runs
+
+    df = simulate_runs(replay_runs, "a100-80gb", ("sync", "overlap"))
+    assert df.height == 4
+    assert set(df["policy"]) == {"snapkv", "full"}
+    assert (df["ms_per_token_mean"] > 0).all()

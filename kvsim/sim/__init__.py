@@ -40,7 +40,7 @@ __all__ = [
     "ModelPreset", "PcieLink", "PresetError", "RuntimePreset", "SimMode", "SimResult",
     "StepWorkload", "Stream", "WorkloadError", "analytic_workload", "decode_steps_for",
     "from_step_log", "gpu_preset", "list_presets", "load_preset", "max_batch", "model_preset",
-    "runtime_preset", "simulate_run", "simulate_workload", "transfer_us",
+    "runtime_preset", "simulate_run", "simulate_runs", "simulate_workload", "transfer_us",
 ]
 
 
@@ -106,6 +106,26 @@ def simulate_run(
     _check_facts(facts, m)
     wl = from_step_log(step_log, facts)
     return simulate_workload(wl, gpu, mode, model=m, runtime=runtime, batch=batch)
+
+
+def simulate_runs(
+    runs: list,
+    gpu: str | GpuPreset = "h100-sxm",
+    modes: tuple[str, ...] = ("sync",),
+    *,
+    runtime: str | RuntimePreset = DEFAULT_RUNTIME,
+    batch: int = 1,
+) -> pl.DataFrame:
+    """Summaries for replay results (objects with ``.step_log`` and ``.facts``, e.g. the
+    engine's ``RunResult``), one row per (run, mode), keyed by trace / policy label / budget."""
+    rows = []
+    for run in runs:
+        facts = run.facts
+        for mode in modes:
+            res = simulate_run(run.step_log, facts, gpu, mode, runtime=runtime, batch=batch)
+            rows.append({"trace": getattr(run, "trace", ""), "policy": facts.policy,
+                         "budget": facts.budget, "sim_mode": mode, **res.summary()})
+    return pl.DataFrame(rows)
 
 
 def max_batch(

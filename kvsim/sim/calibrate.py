@@ -267,12 +267,13 @@ def measure_cuda(model: ModelPreset, quick: bool = False, log=print) -> Measurem
     )
 
 
-def _layer_decode_us(model: ModelPreset, n_kv: int, dev, reps: int = 50) -> float:
-    """GPU time of one decoder layer decoding one token over ``n_kv`` cached positions."""
+def make_decode_layer(model: ModelPreset, n_kv: int, dev, dtype=None):
+    """One Llama-style decoder layer of ``model`` decoding one token over ``n_kv`` cached
+    positions (random weights). Returns ``(layer_fn, x)``; runs on any torch device."""
     import torch
     import torch.nn.functional as F
 
-    dt = torch.bfloat16
+    dt = dtype or torch.bfloat16
     h, d, hq, hk, im = (model.hidden_size, model.head_dim, model.n_q_heads, model.n_kv_heads,
                         model.intermediate_size)
     w = {k: torch.randn(*s, device=dev, dtype=dt) * 0.02 for k, s in {
@@ -285,25 +286,42 @@ def _layer_decode_us(model: ModelPreset, n_kv: int, dev, reps: int = 50) -> floa
     def layer(x):
         y = F.rms_norm(x, (h,))
         q = (y @ w["q"].T).view(1, 1, hq, d).transpose(1, 2)
-        k = (y @ w["k"].T).view(1, 1, hk, d).transpose(1, 2)
-        kc[:, :, -1:] = k
+        kc[:, :, -1:] = (y @ w["k"].T).view(1, 1, hk, d).transpose(1, 2)
         vc[:, :, -1:] = (y @ w["v"].T).view(1, 1, hk, d).transpose(1, 2)
         a = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
         x = x + a.transpose(1, 2).reshape(1, 1, hq * d) @ w["o"].T
         y = F.rms_norm(x, (h,))
         return x + (F.silu(y @ w["g"].T) * (y @ w["u"].T)) @ w["d"].T
 
+    return layer, x
+
+
+def _layer_decode_us(model: ModelPreset, n_kv: int, dev, reps: int = 50) -> float:
+    """GPU time of one decoder layer decoding one token over ``n_kv`` cached positions
+    (CUDA-graph replay, so host launch gaps are excluded; eager events if capture fails)."""
+    import torch
+
+    layer, x = make_decode_layer(model, n_kv, dev)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.no_grad():
-        for _ in range(5):
-            layer(x)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            layer(x)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(5):
+                layer(x)
+        torch.cuda.current_stream().wait_stream(side)
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                layer(x)
+            run = g.replay
+        except RuntimeError:  # capture unsupported: fall back to eager launches
+            def run():
+                layer(x)
         torch.cuda.synchronize()
         start.record()
         for _ in range(reps):
-            g.replay()
+            run()
         end.record()
         torch.cuda.synchronize()
     return start.elapsed_time(end) * 1e3 / reps
