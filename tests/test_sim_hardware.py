@@ -318,3 +318,25 @@ def test_workload_shapes():
     assert wl.h2d_tokens_by_layer.shape == (wl.n_steps, 36)
     assert wl.facts.n_audio == 6000  # 4 min at 25 tok/s
     assert wl.n_steps == round(240 * 2.5 * 1.3)
+
+
+def test_counting_transfers_matters_as_much_as_bytes():
+    """DESIGN.md: 480 small copies at ~5 us cost more than 1 MB at 50 GB/s."""
+    gpu, model = gpu_preset("h100-sxm"), model_preset("voxtral-mini-3b")
+    tokens = 1_000_000 // model.kv_bytes_per_head_token  # ~1 MB
+    many = simulate_workload(_one_copy_workload(model, tokens, 480), gpu, "sync-run", model=model)
+    one = simulate_workload(_one_copy_workload(model, tokens, 1), gpu, "sync-run", model=model)
+    many_ms, one_ms = many.raw.host_copy_us[0], one.raw.host_copy_us[0]
+    assert one_ms < 1e6 / (gpu.pcie_h2d_pageable_gbps * 1e3) + 50  # ~bandwidth-bound
+    assert many_ms > 480 * gpu.memcpy_api_us  # call-overhead-bound
+    assert many_ms > 10 * one_ms
+
+
+def test_cpu_tier_bytes_reported():
+    model = model_preset("voxtral-mini-3b")
+    wl = analytic_workload(model, AnalyticPolicy("wnw", 0.2, tidal_heads=85), 240.0)
+    s = simulate_workload(wl, "h100-sxm", "sync", batch=2).summary()
+    one = simulate_workload(wl, "h100-sxm", "sync").summary()
+    assert s["peak_cpu_bytes"] == 2 * one["peak_cpu_bytes"] > 0
+    snap = analytic_workload(model, AnalyticPolicy("snapkv", 0.2), 240.0)
+    assert simulate_workload(snap, "h100-sxm", "sync").summary()["peak_cpu_bytes"] == 0

@@ -149,3 +149,12 @@ def test_simulate_runs_table(replay_runs):
     assert df.height == 4
     assert set(df["policy"]) == {"snapkv", "full"}
     assert (df["ms_per_token_mean"] > 0).all()
+
+
+def test_cli_capacity_columns(tmp_path):
+    r = CliRunner().invoke(app, ["simulate", "--model", "qwen-omni", "--policy", "snapkv", "--gpu", "h200",
+                                 "--capacity", "--capacity-gib", "40", "-o", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    row = pl.read_parquet(tmp_path / "sim_results.parquet").row(0, named=True)
+    assert row["max_batch"] > 100
+    assert row["tokens_per_s_at_max_batch"] > row["tokens_per_s"]

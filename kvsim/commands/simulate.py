@@ -54,9 +54,12 @@ def _print(rows: list[dict], title: str) -> None:
     cols = ["name", "gpu", "mode", "batch", "ms_per_token_median", "ms_per_token_mean",
             "tokens_per_s", "peak_gpu_gib", "h2d_mb_per_step", "h2d_copies_per_step",
             "transfer_wait_share"]
+    if rows and "max_batch" in rows[0]:
+        cols += ["max_batch", "tokens_per_s_at_max_batch"]
     heads = {"ms_per_token_median": "ms/tok med", "ms_per_token_mean": "ms/tok mean",
              "tokens_per_s": "tok/s", "peak_gpu_gib": "peak GiB", "h2d_mb_per_step": "MB/step",
-             "h2d_copies_per_step": "copies/step", "transfer_wait_share": "xfer share"}
+             "h2d_copies_per_step": "copies/step", "transfer_wait_share": "xfer share",
+             "max_batch": "max batch", "tokens_per_s_at_max_batch": "tok/s @max"}
     t = Table(title=title)
     for c in cols:
         t.add_column(heads.get(c, c), justify="left" if c in ("name", "gpu", "mode") else "right")
@@ -78,6 +81,8 @@ def simulate(
     anchor_heads: Annotated[int, typer.Option(help="Analytic WnW: anchor heads")] = 5,
     audio_minutes: Annotated[float, typer.Option(help="Analytic mode: audio length")] = 4.0,
     decode_steps: Annotated[int | None, typer.Option(help="Analytic mode: decode steps (default: transcript length of the audio)")] = None,
+    capacity: Annotated[bool, typer.Option("--capacity", help="Also report the largest batch that fits and its tokens/s")] = False,
+    capacity_gib: Annotated[float | None, typer.Option(help="GPU memory cap for --capacity (default: the GPU preset's)")] = None,
     table: Annotated[str | None, typer.Option(help="Print a documented table: wnw4 | capacity | memory (WnW Fig. 4 analogue; chart with --out)")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write sim_results.parquet and per-step parquet here")] = None,
 ) -> None:
@@ -93,6 +98,7 @@ def simulate(
         WorkloadError,
         analytic_workload,
         from_step_log,
+        max_batch,
         model_preset,
         simulate_workload,
     )
@@ -154,7 +160,14 @@ def simulate(
             for g in gpus:
                 for m in modes:
                     res = simulate_workload(wl, g, m, model=mp, runtime=runtime, batch=batch)
-                    rows.append({"name": name, **res.summary(), "mode": m})
+                    row = {"name": name, **res.summary(), "mode": m}
+                    if capacity:
+                        b = max_batch(wl, g, m, model=mp, runtime=runtime, capacity_gib=capacity_gib)
+                        row["max_batch"] = b
+                        row["tokens_per_s_at_max_batch"] = (simulate_workload(
+                            wl, g, m, model=mp, runtime=runtime, batch=b).summary()["tokens_per_s"]
+                            if b else 0.0)
+                    rows.append(row)
                     frames.append((f"{name}__{res.gpu}__{m}", res.per_step))
     except (PresetError, WorkloadError, ModeError, AnalyticError, ValueError,
             FileNotFoundError) as exc:

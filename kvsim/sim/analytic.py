@@ -107,6 +107,7 @@ def analytic_workload(
     tok = np.zeros((S, L), dtype=np.int64)
     runs = np.zeros((S, L), dtype=np.int64)
     segs = np.zeros((S, L), dtype=np.int64)
+    cpu = np.zeros(S, dtype=np.int64)
     if p == "full":
         gpu = np.full(S, L * H * T_a, dtype=np.int64)
     elif p in ("snapkv", "static"):
@@ -144,8 +145,9 @@ def analytic_workload(
                 runs[s] = np.round(tidal_l * runs_per_seg * len(new)).astype(np.int64)
                 segs[s] = tidal_l * len(new)
             gpu[s] = base + pol.tidal_heads * m * len(full)
+            cpu[s] = pol.tidal_heads * m * (n_seg - len(full))  # CPU-only complement
     return StepWorkload(
         facts=facts, non_audio_tokens=non_audio, gpu_audio_tokens=gpu,
         read_audio_tokens=gpu.copy(), h2d_tokens_by_layer=tok, h2d_runs_by_layer=runs,
-        h2d_segments_by_layer=segs, segments_exact=True,
+        h2d_segments_by_layer=segs, cpu_audio_tokens=cpu, segments_exact=True,
     )

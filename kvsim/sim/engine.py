@@ -163,6 +163,7 @@ class RawResult:
     gpu_bytes: np.ndarray
     h2d_bytes: np.ndarray
     n_copies: np.ndarray
+    cpu_bytes: np.ndarray  # host bytes of positions held only on CPU (whole batch)
     high_water: int
     events: int
     ledger_by_tag: dict[str, int]
@@ -309,9 +310,8 @@ def run_simulation(
             yield compute.done()  # greedy token read back to the host
             yield env.timeout(c.host_step_fixed_us)
             if timing == "after_step" and n_cp[s].any():
-                evs = yield from issue_copies(s, range(L), blocking=sync)
-                if not sync:
-                    pending = evs
+                # sync: events already done (no stall), but scatter kernels still run next step
+                pending = yield from issue_copies(s, range(L), blocking=sync)
             step_us[s] = env.now - t_start
             gpu_bytes[s] = ledger.step_peak
 
@@ -328,6 +328,8 @@ def run_simulation(
         gpu_bytes=gpu_bytes,
         h2d_bytes=nbytes.sum(axis=1).astype(np.int64),
         n_copies=n_cp.sum(axis=1).astype(np.int64),
+        cpu_bytes=(np.zeros(S, dtype=np.int64) if wl.cpu_audio_tokens is None
+                   else wl.cpu_audio_tokens.astype(np.int64) * kvb * batch),
         high_water=ledger.high_water,
         events=next(env._eid),  # SimPy's running event counter
         ledger_by_tag=dict(ledger.by_tag),

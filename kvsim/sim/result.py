@@ -21,7 +21,7 @@ class SimResult:
     ``host_copy_ms`` (host time issuing or blocked on copies), ``compute_stall_ms`` (compute
     stream idle waiting on a copy event), ``transfer_ms`` (their sum), ``gpu_bytes`` (HBM
     ledger peak during the step: weights + KV + staging + workspace), ``h2d_bytes``,
-    ``h2d_copies``.
+    ``h2d_copies``, ``cpu_bytes`` (host memory of KV held only on CPU).
     """
 
     raw: RawResult
@@ -47,6 +47,7 @@ class SimResult:
                 "gpu_bytes": r.gpu_bytes,
                 "h2d_bytes": r.h2d_bytes,
                 "h2d_copies": r.n_copies,
+                "cpu_bytes": r.cpu_bytes,
             }
         )
 
@@ -70,6 +71,7 @@ class SimResult:
             "peak_gpu_gib": r.high_water / 2**30,
             "h2d_mb_per_step": float(r.h2d_bytes.mean() / MB),
             "h2d_copies_per_step": float(r.n_copies.mean()),
+            "peak_cpu_bytes": int(r.cpu_bytes.max()) if len(r.cpu_bytes) else 0,
             "transfer_wait_share": min(1.0, transfer / total) if total else 0.0,
             "sim_events": r.events,
             "sim_wall_s": self.sim_wall_s,

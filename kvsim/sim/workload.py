@@ -35,6 +35,7 @@ class StepWorkload:
     h2d_tokens_by_layer: np.ndarray  # (S, L)
     h2d_runs_by_layer: np.ndarray  # (S, L): contiguous runs recalled
     h2d_segments_by_layer: np.ndarray  # (S, L): (head, segment) pieces recalled
+    cpu_audio_tokens: np.ndarray | None = None  # summed over (layer, kv-head): only on CPU
     segments_exact: bool = False  # False: segment counts estimated from a step log
 
     @property
@@ -103,5 +104,6 @@ def from_step_log(step_log: pl.DataFrame, facts: RunFacts, n_s: int | None = Non
         h2d_tokens_by_layer=tok,
         h2d_runs_by_layer=runs,
         h2d_segments_by_layer=segs,
+        cpu_audio_tokens=df["cpu_audio_tokens"].to_numpy().astype(np.int64),
         segments_exact=False,
     )
