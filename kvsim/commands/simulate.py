@@ -50,6 +50,17 @@ def _load_facts(js: Path):
         raise ValueError(f"{js}: not a RunFacts JSON ({exc})") from None
 
 
+def _markdown(frame) -> str:
+    """A GitHub markdown table of a polars frame (floats to 4 significant digits)."""
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+        return str(v)
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in frame.iter_rows()]
+    return "\n".join(lines)
+
+
 def _print(rows: list[dict], title: str) -> None:
     cols = ["name", "gpu", "mode", "batch", "ms_per_token_median", "ms_per_token_mean",
             "tokens_per_s", "peak_gpu_gib", "h2d_mb_per_step", "h2d_copies_per_step",
@@ -83,6 +94,7 @@ def simulate(
     decode_steps: Annotated[int | None, typer.Option(help="Analytic mode: decode steps (default: transcript length of the audio)")] = None,
     capacity: Annotated[bool, typer.Option("--capacity", help="Also report the largest batch that fits and its tokens/s")] = False,
     capacity_gib: Annotated[float | None, typer.Option(help="GPU memory cap for --capacity (default: the GPU preset's)")] = None,
+    markdown: Annotated[bool, typer.Option(help="--table: print a markdown table")] = False,
     table: Annotated[str | None, typer.Option(help="Print a documented table: wnw4 | capacity | memory (WnW Fig. 4 analogue; chart with --out)")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write sim_results.parquet and per-step parquet here")] = None,
 ) -> None:
@@ -128,7 +140,7 @@ def simulate(
                     pl.col("gib").last().alias("gib_last_step")).sort("policy", "r_gpu")
             else:
                 raise ValueError(f"unknown table {table!r}; use wnw4, capacity or memory")
-            print(frame)
+            print(_markdown(frame) if markdown else frame)
             if out:
                 out.mkdir(parents=True, exist_ok=True)
                 frame.write_parquet(out / f"table_{table}.parquet")
