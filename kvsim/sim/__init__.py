@@ -66,6 +66,7 @@ def simulate_workload(
     """Simulate a :class:`StepWorkload` (from a step log or :func:`analytic_workload`)."""
     g = gpu_preset(gpu)
     m = model_preset(model if model is not None else wl.facts.model)
+    _check_facts(wl.facts, m)
     rt = runtime_preset(runtime)
     md = SimMode.parse(mode)
     t0 = time.perf_counter()

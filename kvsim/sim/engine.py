@@ -212,9 +212,8 @@ def run_simulation(
     host_per_copy = gpu.memcpy_api_us + (
         3 * rt.host_us_per_op + gpu.kernel_launch_us if gathered else 2 * rt.host_us_per_op
     )
+    # (with CUDA graphs the recall copies are still issued eagerly from Python: same cost)
     gather_us_per_byte = 1.0 / (rt.host_gather_gbps * 1e3) if gathered else 0.0
-    if graphs:
-        host_per_copy = gpu.memcpy_api_us + (gpu.kernel_launch_us if gathered else 0.0)
 
     # Per-step resident and read KV (bytes, whole batch).
     non_audio = wl.non_audio_tokens.astype(np.float64)
