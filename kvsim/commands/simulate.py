@@ -154,7 +154,10 @@ def simulate(
                 raise ValueError("give either a replay directory or --policy, not both")
             for name, pq, js in _step_logs(runs):
                 facts = _load_facts(js)
-                mp = model_preset(model or facts.model)
+                try:
+                    mp = model_preset(model or facts.model)
+                except PresetError as exc:
+                    raise PresetError(f"{js}: {exc} (or pass --model)") from None
                 jobs.append((name, from_step_log(pl.read_parquet(pq), facts), mp))
         elif policy:
             if not model:
