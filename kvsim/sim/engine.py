@@ -284,6 +284,8 @@ def run_simulation(
             t_start = env.now
             ledger.resize(kv_handle, int(resident_layer[s] * L))
             ledger.reset_step_peak()
+            if rt.cache_copy_factor > 0:  # torch.cat: new layer tensor while the old one lives
+                ledger.free(ledger.alloc("cache_growth", int(resident_layer[s])))
             if c.graph_launch_us:
                 yield env.timeout(c.graph_launch_us)
             for ly in range(L):

@@ -83,17 +83,14 @@ def capacity_table(
             for label, pol, mode in pols:
                 wl = analytic_workload(model, pol, audio_s)
                 row = {"model": name, "gpu": gpu, "policy": label}
-                b = max_batch(wl, gpu, mode, model=model, runtime=runtimes[0])
-                row["max_batch"] = b
-                for rt in runtimes:
-                    if b == 0:
-                        row[f"tok_s_{rt}"] = 0.0
-                        continue
-                    s = simulate_workload(wl, gpu, mode, model=model, runtime=rt, batch=b,
-                                          strict_memory=True).summary()
-                    row[f"tok_s_{rt}"] = s["tokens_per_s"]
-                    row[f"ms_tok_{rt}"] = s["ms_per_token_mean"]
-                row["peak_gib"] = s["peak_gpu_gib"] if b else 0.0
+                for rt in runtimes:  # the largest batch depends on the runtime's cache
+                    b = max_batch(wl, gpu, mode, model=model, runtime=rt)
+                    row[f"max_batch_{rt}"] = b
+                    s = (simulate_workload(wl, gpu, mode, model=model, runtime=rt, batch=b,
+                                           strict_memory=True).summary() if b else None)
+                    row[f"tok_s_{rt}"] = s["tokens_per_s"] if s else 0.0
+                    row[f"ms_tok_{rt}"] = s["ms_per_token_mean"] if s else 0.0
+                    row[f"peak_gib_{rt}"] = s["peak_gpu_gib"] if s else 0.0
                 rows.append(row)
     return pl.DataFrame(rows)
 
