@@ -73,7 +73,7 @@ def test_fraction_out_of_range(tmp_path):
 
 
 def test_string_where_number_expected(tmp_path):
-    p = _write(tmp_path, _gpu_src().replace("pcie_latency_us = 2.0", 'pcie_latency_us = "2 us"'))
+    p = _write(tmp_path, _gpu_src().replace("pcie_latency_us = 2.0", 'pcie_latency_us = "fast"'))
     with pytest.raises(PresetError, match="'pcie_latency_us': expected a number"):
         load_preset_file("gpus", p)
 
@@ -108,3 +108,26 @@ def test_every_source_is_nonempty_and_numbers_have_sources():
             for k, v in data.items():
                 if isinstance(v, int | float) and not isinstance(v, bool):
                     assert data["sources"].get(k, "").strip(), f"{f.name}: {k} has no source"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "expect"),
+    [
+        ("hbm_bandwidth_gbps = 3350.0", 'hbm_bandwidth_gbps = "3.35 TB/s"', "hbm_bandwidth_gbps", 3350.0),
+        ("pcie_latency_us = 2.0", 'pcie_latency_us = "2000 ns"', "pcie_latency_us", 2.0),
+        ("graph_launch_us = 10.0", 'graph_launch_us = "0.01 ms"', "graph_launch_us", 10.0),
+        ("hbm_capacity_gib = 79.6", 'hbm_capacity_gib = "81559 MiB"', "hbm_capacity_gib", 81559 / 1024),
+    ],
+)
+def test_values_with_units_are_converted(tmp_path, old, new, field, expect):
+    p = _write(tmp_path, _gpu_src().replace(old, new))
+    assert getattr(load_preset_file("gpus", p), field) == pytest.approx(expect)
+
+
+def test_unknown_unit_names_field(tmp_path):
+    p = _write(tmp_path, _gpu_src().replace("hbm_bandwidth_gbps = 3350.0", 'hbm_bandwidth_gbps = "3 parsecs"'))
+    with pytest.raises(PresetError, match=r"field 'hbm_bandwidth_gbps': unknown unit 'parsecs'"):
+        load_preset_file("gpus", p)
+    p = _write(tmp_path, _gpu_src().replace("hbm_bandwidth_gbps = 3350.0", 'hbm_bandwidth_gbps = "-3 TB/s"'))
+    with pytest.raises(PresetError, match="must be > 0"):
+        load_preset_file("gpus", p)

@@ -4,7 +4,8 @@ A preset file has one table of values and a ``[sources]`` table that names where
 value comes from (a URL, a datasheet, a note in ``shared/notes``, a measurement command, or an
 explicit ``assumption: ...``). Loading validates the file: every required field is present,
 numeric fields are positive (fractions in (0, 1]), units are implied by the field-name suffix
-(``_gib``, ``_gbps``, ``_us``, ``_tflops``), and every number has a source. Errors are one line
+(``_gib``, ``_gbps``, ``_us``, ``_tflops``) and a value may instead be written with a unit
+(``"3.35 TB/s"``, ``"2 ms"``, ``"141 GB"``), converted on load; every number has a source. Errors are one line
 naming the file and the field (:class:`PresetError`).
 """
 
@@ -129,8 +130,39 @@ _ALLOW_ZERO = {"reserved_gib", "step_fixed_us", "step_ops", "pageable_extra_us",
 _STR_FIELDS = {"name", "description", "source_file"}
 
 
+#: field-name suffix -> {unit written in a value string: factor to the field's unit}
+_UNITS: dict[str, dict[str, float]] = {
+    "_gib": {"gib": 1.0, "mib": 1 / 1024, "tib": 1024.0, "gb": 1e9 / GIB, "tb": 1e12 / GIB},
+    "_gbps": {"gb/s": 1.0, "tb/s": 1e3, "mb/s": 1e-3, "gib/s": GIB / 1e9},
+    "_us": {"us": 1.0, "µs": 1.0, "ns": 1e-3, "ms": 1e3, "s": 1e6},
+    "_tflops": {"tflops": 1.0, "pflops": 1e3, "gflops": 1e-3},
+}
+
+
+def _parse_unit(where: str, name: str, value: Any) -> Any:
+    """``"3.35 TB/s"`` -> 3350.0 for a ``*_gbps`` field; numbers pass through unchanged."""
+    if not isinstance(value, str):
+        return value
+    suffix = next((s for s in _UNITS if name.endswith(s)), None)
+    parts = value.strip().split()
+    if suffix is None or len(parts) != 2:
+        raise PresetError(f"{where}: expected a number, got {value!r}")
+    table = _UNITS[suffix]
+    unit = parts[1].lower()
+    if unit not in table:
+        raise PresetError(
+            f"{where}: unknown unit {parts[1]!r} (use a number in {suffix[1:]} or one of "
+            f"{', '.join(table)})"
+        )
+    try:
+        return float(parts[0]) * table[unit]
+    except ValueError:
+        raise PresetError(f"{where}: expected a number, got {value!r}") from None
+
+
 def _check_value(path: str, name: str, value: Any, typ: Any) -> Any:
     where = f"{path}: field {name!r}"
+    value = _parse_unit(where, name, value)
     if typ in ("bool", bool):
         if not isinstance(value, bool):
             raise PresetError(f"{where}: expected true/false, got {value!r}")

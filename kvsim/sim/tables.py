@@ -112,14 +112,15 @@ def memory_over_steps(
         tidal = max(n_voice[min(i, 3)] - 5, 0)
         for label, pol in (("snapkv", AnalyticPolicy("snapkv", r)),
                            ("wnw", AnalyticPolicy("wnw", r, tidal_heads=tidal))):
-            res = simulate_workload(analytic_workload(mp, pol, audio_s), gpu, "sync", model=mp)
+            res = simulate_workload(analytic_workload(mp, pol, audio_s), gpu, "sync", model=mp,
+                                    runtime="static-graphs")  # no torch.cat transient
             b = res.per_step["gpu_bytes"].to_numpy()
             if kv_only:
                 b = b - res.raw.ledger_by_tag.get("weights", 0) - res.raw.ledger_by_tag.get("workspace", 0)
             frames.append(pl.DataFrame({"policy": label, "r_gpu": r,
                                         "step": res.per_step["step"], "gib": b / 2**30}))
     full = simulate_workload(analytic_workload(mp, AnalyticPolicy("full"), audio_s), gpu, "sync",
-                             model=mp)
+                             model=mp, runtime="static-graphs")
     b = full.per_step["gpu_bytes"].to_numpy()
     if kv_only:
         b = b - full.raw.ledger_by_tag.get("weights", 0) - full.raw.ledger_by_tag.get("workspace", 0)
