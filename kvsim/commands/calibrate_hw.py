@@ -26,8 +26,7 @@ def calibrate_hw(
     host_only: Annotated[bool, typer.Option(help="Only measure eager-decode host cost (CPU; no GPU needed)")] = False,
     device: Annotated[str, typer.Option(help="--host-only: run the probe on this torch device (cpu or cuda)")] = "cpu",
 ) -> None:
-    """Measure H2D/D2H copies (4 KiB-1 GiB, pinned and pageable), per-call overhead and one
-    decoder layer's decode time vs KV length; fit and write a GPU preset."""
+    """Microbenchmark a CUDA GPU (copies 4 KiB-1 GiB, call overheads, layer decode vs KV) and write a fitted preset."""
     from kvsim.sim.calibrate import (
         CalibrationError,
         Measurements,
