@@ -398,3 +398,15 @@ def test_engine_matches_independent_recurrence_overlap(seed, host_us_per_op, gpu
     res = simulate_workload(wl, gpu, "overlap-run", model=model, runtime=rt)
     np.testing.assert_allclose(res.raw.step_us, _reference_overlap_run(wl, gpu, model, rt),
                                rtol=1e-9)
+
+
+def test_churn_adds_refetch_traffic_linearly():
+    model = model_preset("voxtral-mini-3b")
+    mb = []
+    for churn in (0.0, 0.1, 0.2):
+        wl = analytic_workload(model, AnalyticPolicy("wnw", 0.2, tidal_heads=100,
+                                                     churn_segments_per_step=churn), 240.0)
+        mb.append(wl.h2d_bytes.mean())
+    per_entry = 100 * (25 - round((0.2 * 240 - 5) / 235 * 25)) * 512
+    assert mb[1] - mb[0] == pytest.approx(0.1 * per_entry, rel=0.02)
+    assert mb[2] - mb[1] == pytest.approx(0.1 * per_entry, rel=0.02)

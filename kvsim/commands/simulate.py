@@ -91,6 +91,7 @@ def simulate(
     tidal_heads: Annotated[int, typer.Option(help="Analytic WnW: tidal heads")] = 85,
     anchor_heads: Annotated[int, typer.Option(help="Analytic WnW: anchor heads")] = 5,
     audio_minutes: Annotated[float, typer.Option(help="Analytic mode: audio length")] = 4.0,
+    churn: Annotated[float, typer.Option(help="Analytic WnW: extra re-fetches of released segments per step (sensitivity; default 0)")] = 0.0,
     decode_steps: Annotated[int | None, typer.Option(help="Analytic mode: decode steps (default: transcript length of the audio)")] = None,
     capacity: Annotated[bool, typer.Option("--capacity", help="Also report the largest batch that fits and its tokens/s")] = False,
     capacity_gib: Annotated[float | None, typer.Option(help="GPU memory cap for --capacity (default: the GPU preset's)")] = None,
@@ -165,7 +166,7 @@ def simulate(
             mp = model_preset(model)
             pol = AnalyticPolicy(policy, retention if policy != "full" else 1.0,
                                  tidal_heads=tidal_heads if policy == "wnw" else 0,
-                                 anchor_heads=anchor_heads)
+                                 anchor_heads=anchor_heads, churn_segments_per_step=churn)
             wl = analytic_workload(mp, pol, audio_minutes * 60, decode_steps)
             jobs.append((f"{mp.name}__{policy}__{pol.r_gpu:g}", wl, mp))
         else:

@@ -14,7 +14,9 @@
 
 The chunk window follows the decode frontier, which advances one ``segment_s``-second segment
 every ``segment_s * words_per_s * tokens_per_word`` generated tokens (speech ~2.5 words/s,
-~1.3 tokens/word: one 2-s segment per 6.5 tokens). Missing positions of a segment form
+~1.3 tokens/word: one 2-s segment per 6.5 tokens). ``churn_segments_per_step`` (default 0) adds
+re-fetches of released segments (anchor scores jumping between chunks), each resident for
+``delta`` steps: a sensitivity knob, not a fitted constant. Missing positions of a segment form
 ``m (k + 1) / n_s`` contiguous runs on average when the kept top-k positions are scattered
 independently (expected number of runs of a random k-subset's complement).
 """
@@ -53,12 +55,15 @@ class AnalyticPolicy:
     words_per_s: float = 2.5
     tokens_per_word: float = 1.3
     prompt_tokens: int = 32
+    churn_segments_per_step: float = 0.0  # extra (re)entries of released segments per step
 
     def check(self, model: ModelPreset) -> None:
         heads = model.n_layers * model.n_kv_heads
         p = self.policy.lower()
         if p not in ("full", "snapkv", "static", "wnw"):
             raise AnalyticError(f"analytic policy {self.policy!r}: use full, snapkv, static or wnw")
+        if self.churn_segments_per_step < 0:
+            raise AnalyticError(f"churn must be >= 0, got {self.churn_segments_per_step}")
         if not 0 < self.r_gpu <= 1:
             raise AnalyticError(f"r_gpu must be in (0, 1], got {self.r_gpu}")
         if p == "wnw":
@@ -123,6 +128,8 @@ def analytic_workload(
         tidal_l = np.full(L, pol.tidal_heads // L, dtype=np.int64)
         tidal_l[: pol.tidal_heads % L] += 1
         tokens_per_seg = pol.segment_s * pol.words_per_s * pol.tokens_per_word
+        churn_acc = 0.0
+        churn_live: list[int] = []  # steps at which churned segments were re-fetched
         full: dict[int, int] = {}  # segment -> steps it has been unselected
         gpu = np.zeros(S, dtype=np.int64)
         width = pol.top_k_chunks + 1  # top-k overlapping 2-segment chunks, stride 1 segment
@@ -140,12 +147,18 @@ def analytic_workload(
                         del full[g]
             for g in new:
                 full[g] = 0
-            if new and m:
-                tok[s] = tidal_l * m * len(new)
-                runs[s] = np.round(tidal_l * runs_per_seg * len(new)).astype(np.int64)
-                segs[s] = tidal_l * len(new)
-            gpu[s] = base + pol.tidal_heads * m * len(full)
-            cpu[s] = pol.tidal_heads * m * (n_seg - len(full))  # CPU-only complement
+            churn_acc += pol.churn_segments_per_step
+            n_churn = int(churn_acc)
+            churn_acc -= n_churn
+            churn_live = [t0 for t0 in churn_live if s - t0 < pol.release_lag] + [s] * n_churn
+            n_in = len(new) + n_churn
+            if n_in and m:
+                tok[s] = tidal_l * m * n_in
+                runs[s] = np.round(tidal_l * runs_per_seg * n_in).astype(np.int64)
+                segs[s] = tidal_l * n_in
+            resident = len(full) + len(churn_live)
+            gpu[s] = base + pol.tidal_heads * m * resident
+            cpu[s] = pol.tidal_heads * m * max(n_seg - resident, 0)  # CPU-only complement
     return StepWorkload(
         facts=facts, non_audio_tokens=non_audio, gpu_audio_tokens=gpu,
         read_audio_tokens=gpu.copy(), h2d_tokens_by_layer=tok, h2d_runs_by_layer=runs,
