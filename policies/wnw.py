@@ -55,6 +55,7 @@ from policies._wnw_layout import (
     ANCHOR,
     TIDAL,
     SegmentLayout,
+    SolveResult,
     count_prefill_gpu,
     default_voice_fraction,
     kept_per_segment,
@@ -128,6 +129,7 @@ class WnW(Policy):
     retention_: np.ndarray | None = field(default=None, init=False, repr=False)
     lambda_solved_: float | None = field(default=None, init=False, repr=False)
     min_per_segment_: int = field(default=1, init=False, repr=False)
+    solve_: SolveResult | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -185,8 +187,10 @@ class WnW(Policy):
         self.min_per_segment_ = m
         if self.lambda_ is None:
             res = solve_lambda(s_tilde, roles, seg_len, budget, reserve, m)
+            self.solve_ = res
             lam = res.lam
         else:
+            self.solve_ = None
             lam = float(self.lambda_)
             used = count_prefill_gpu(s_tilde, roles, seg_len, lam, m)
             if used > budget:
