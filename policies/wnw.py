@@ -289,9 +289,10 @@ class WnW(Policy):
                 new_res[j] = True
                 used += cost
         self._streak[~new_res] = 0
-        if np.array_equal(new_res, self._resident):
-            return None
+        changed = new_res != self._resident
         self._resident = new_res
+        if not self._seg_cost[changed].any():  # no tier moves (nothing or only free segments)
+            return None
         pos_res = new_res[self._layout.seg_of_pos]  # (T_a,)
         tidal_gpu = self._prefill_keep | pos_res[None, None, :]
         tidal_tiers = np.where(tidal_gpu, Tier.GPU, Tier.CPU).astype(TIER_DTYPE)
