@@ -275,3 +275,39 @@ def test_cap_pressure_releases_lagging_segments_before_refusing_a_recall() -> No
     assert pol.resident_segments_.tolist() == [True, True] + [False] * 6
     assert (t[tidal][:, 150:200] == t0[tidal][:, 150:200]).all()
     assert int((t == Tier.GPU).sum()) <= pol.gpu_capacity()
+
+
+@pytest.mark.parametrize(
+    ("params", "msg"),
+    [
+        ({"n_voice": "30"}, "n_voice must be an integer"),
+        ({"top_k": 1.5}, "top_k must be an integer"),
+        ({"lambda_": "big"}, "lambda_ must be a number"),
+        ({"stride_seconds": 5.0}, "stride_seconds <= chunk_seconds"),
+        ({"triage_signal": "xx"}, "triage_signal must be one of"),
+        ({"prefill_selection": "top"}, "prefill_selection must be one of"),
+        ({"delta": 0}, "delta >= 1"),
+    ],
+)
+def test_bad_hyperparameters_give_one_line_errors(params: dict, msg: str) -> None:
+    with pytest.raises(ValueError, match=msg):
+        make("wnw", 0.2, **params)
+
+
+def test_prefill_budget_mode_matches_paper_accounting() -> None:
+    ctx = make_ctx(2, 4, 2, 400, voice_score=VS4)
+    step = make("wnw", 0.45, n_voice=3, n_anchor=1)
+    paper = make("wnw", 0.45, n_voice=3, n_anchor=1, budget_mode="prefill")
+    view = random_prefill(ctx)
+    t_step, t_paper = step.prefill(ctx, view), paper.prefill(ctx, view)
+    B = ctx.budget_tokens(0.45)
+    gpu_paper = int((t_paper == Tier.GPU).sum())
+    assert int((t_step == Tier.GPU).sum()) < gpu_paper <= B  # no reserve: prefill fills B
+    assert paper.solve_.reserve == 0 and paper.gpu_capacity() > B
+    tiers, counts = t_paper, []
+    for s in range(12):
+        out = paper.decode_step(focused_step(ctx, s, (s * 30) % 350, (s * 30) % 350 + 50))
+        tiers = out if out is not None else tiers
+        counts.append(int((tiers == Tier.GPU).sum()))
+    assert max(counts) > B  # recalls come on top of the budget...
+    assert max(counts) <= paper.gpu_capacity()  # ...within the true worst-case bound
