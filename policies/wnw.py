@@ -232,7 +232,7 @@ class WnW(Policy):
         ret = retention(s_tilde, lam)
         ret[roles == ANCHOR] = 1.0
         self.retention_ = ret
-        self._budget_tokens = budget
+        self._cap = budget
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         signal = self._signal(ctx)
@@ -275,14 +275,14 @@ class WnW(Policy):
         self._streak = np.zeros(layout.n_segments, dtype=np.int64)
         self._chunk_segs = [list(layout.chunk_segments(c)) for c in range(layout.n_chunks)]
         self.last_scores_: np.ndarray | None = None
-        if self._prefill_gpu > self._budget_tokens:  # defensive: _plan guarantees it
+        if self._prefill_gpu > self._cap:  # defensive: _plan guarantees it
             raise AssertionError("wnw: prefill exceeds the budget")
         if self.budget_mode == "prefill":
             # resident ⊆ segments selected in the last δ steps: ≤ δ · top_k · (segments/chunk)
             per_chunk = max(len(c) for c in self._chunk_segs)
             n_max = min(layout.n_segments, self.delta * self.top_k * per_chunk)
             worst = int(np.sort(self._seg_cost)[::-1][:n_max].sum())
-            self._budget_tokens = self._prefill_gpu + worst
+            self._cap = self._prefill_gpu + worst
         return tiers.copy()
 
     # ------------------------------------------------------------------------------ decode
@@ -321,7 +321,7 @@ class WnW(Policy):
         used = self._prefill_gpu
         for j in [*selected, *lagging.tolist()]:
             cost = int(self._seg_cost[j])
-            if used + cost <= self._budget_tokens:
+            if used + cost <= self._cap:
                 new_res[j] = True
                 used += cost
         self._streak[~new_res] = 0
@@ -336,7 +336,7 @@ class WnW(Policy):
         return self._tiers.copy()
 
     def gpu_capacity(self) -> int | None:
-        return self._budget_tokens
+        return self._cap
 
     @property
     def resident_segments_(self) -> np.ndarray:
