@@ -5,8 +5,10 @@ a uniform allocation (PyramidKV §3.2, "pyramidal information funneling"). With 
 per-head budget ``b = floor(r · T_a)`` and PyramidKV's ``beta``: the last layer gets
 ``b_min = b / beta``, the first ``b_max = 2b - b_min``, and layer ``l`` gets
 ``b_max - l · (b_max - b_min) / (L - 1)`` (the reference implementation's schedule; beta = 20
-there). Larger ``beta`` means a steeper pyramid. Budgets are clipped to T_a and rounded by
-largest remainder so that ``Σ_l b_l = L · b`` exactly (measured r_GPU = uniform r_GPU).
+there). Larger ``beta`` means a steeper pyramid. When ``b_max`` would exceed T_a the
+reference sets ``b_max = T_a`` and ``b_min = 2b - T_a`` (still linear, same total); we do the
+same. The reference floors the per-layer step, which loses a few tokens; we round the linear
+budgets by largest remainder so that ``Σ_l b_l = L · b`` exactly (measured r_GPU = uniform).
 Within a layer every KV-head keeps its top ``b_l`` by SnapKV's pooled observation-window score.
 Prefill-only (GONE, no recall); audio span only, so "the window" of text is never evicted.
 """
@@ -29,6 +31,9 @@ def pyramid_layer_budgets(per_head: int, n_layers: int, n_audio: int, beta: floa
         return np.array([min(per_head, n_audio)], dtype=np.int64)
     b_min = per_head / beta
     b_max = 2.0 * per_head - b_min
+    if b_max >= n_audio:  # the reference clips the top layer to the length, same total
+        b_max = float(n_audio)
+        b_min = 2.0 * per_head - b_max
     raw = b_max - np.arange(n_layers) * (b_max - b_min) / (n_layers - 1)
     return allocate(n_layers * per_head, raw, n_audio)
 
