@@ -1,16 +1,22 @@
 """Ada-KV (Feng et al., 2025) on SnapKV scoring: head-wise adaptive budgets within each layer.
 
 Scoring is SnapKV's (observation-window attention summed over the window and the GQA group,
-then pooled; WnW App. F: kernel 7, max pooling). Allocation is Ada-KV's (Feng et al. 2025,
-"Ada-SnapKV", Alg. 1 with the safeguard of §4): the layer's total budget
-``B_l = H_kv · floor(r · T_a)`` is spent as one top-k over the scores of *all* heads of the
-layer, so heads whose attention is spread out get more than heads whose attention is
-concentrated. The safeguard keeps every head from collapsing: each head first keeps its own
-top ``floor(floor_alpha · floor(r · T_a))`` positions (its guaranteed floor, WnW App. F
-floor_alpha = 0.8, i.e. 80% of the layer budget is split uniformly), and only the remaining
-``B_l - H_kv · floor`` tokens are chosen by the layer-wide top-k among positions not yet
-kept. ``floor_alpha = 1`` is SnapKV's uniform allocation; ``0`` is Ada-KV without safeguard.
-Prefill-only: evicted positions are GONE, nothing changes during decoding. Audio span only.
+then pooled; WnW App. F: kernel 7, max pooling). Allocation follows Ada-KV's "Ada-SnapKV"
+(paper Alg. 1 and the authors' ``AdaptiveSnapKVCluster``): with the uniform per-head budget
+``B = floor(r · T_a)``,
+
+1. take the layer-wide top ``H_kv · B`` over the scores of *all* heads of the layer and count
+   how many each head won: ``c_i`` (heads whose attention is spread out win more);
+2. the safeguard mixes that with the uniform share:
+   ``b_i = (1 - floor_alpha) · c_i + floor_alpha · B`` (WnW App. F: floor_alpha = 0.8, i.e.
+   80% of every head's budget is uniform and 20% follows the layer-wide competition);
+3. each head keeps its own top ``b_i`` positions.
+
+The reference code floors ``floor_alpha · B`` and rounds ``b_i`` independently, so its total can
+drift by a few tokens; we keep ``floor_alpha · B`` unrounded and round the ``b_i`` by largest
+remainder so that ``Σ_i b_i = H_kv · B`` exactly (same r_GPU as SnapKV). ``floor_alpha = 1`` is
+SnapKV's uniform allocation, ``0`` is Ada-KV without safeguard. Prefill-only (GONE, no recall),
+audio span only.
 """
 
 from __future__ import annotations
@@ -19,28 +25,29 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policies._allocation import allocate
 from policies._scoring import pool_scores, uniform_head_budget, window_scores
 from policies.base import Policy, PolicyContext, PrefillView, Tier, topk_mask
 from policies.registry import register
 
 
-def adaptive_head_allocation(scores: np.ndarray, per_head: int, floor_alpha: float) -> np.ndarray:
-    """Ada-KV keep mask for one layer's scores (H_kv, T_a) at a uniform per-head budget.
+def adaptive_head_budgets(scores: np.ndarray, per_head: int, floor_alpha: float) -> np.ndarray:
+    """Ada-KV per-head budgets for one layer's scores (H_kv, T_a); they sum to H_kv·per_head.
 
-    Every head keeps its top ``floor(floor_alpha · per_head)``; the rest of the layer budget
-    ``H_kv · per_head`` goes to the largest remaining scores across all heads (ties: lower
-    head, then earlier position). Returns a bool (H_kv, T_a) mask with exactly
-    ``min(H_kv · per_head, H_kv · T_a)`` entries set.
+    ``c_i`` = entries head ``i`` holds in the layer-wide top ``H_kv · per_head`` (ties: lower
+    head, then earlier position); ``b_i ≈ (1 - floor_alpha) · c_i + floor_alpha · per_head``.
     """
     n_heads, n_pos = scores.shape
     per_head = min(per_head, n_pos)
-    guaranteed = int(np.floor(floor_alpha * per_head + 1e-9))
-    keep = topk_mask(scores, guaranteed)
-    rest = n_heads * per_head - int(keep.sum())
-    if rest > 0:
-        flat = np.where(keep, -np.inf, scores.astype(np.float64)).ravel()
-        keep |= topk_mask(flat, rest).reshape(keep.shape) & ~keep
-    return keep
+    won = topk_mask(scores.astype(np.float64).ravel(), n_heads * per_head).reshape(scores.shape)
+    counts = won.sum(axis=1)
+    shares = (1.0 - floor_alpha) * counts + floor_alpha * per_head
+    return allocate(n_heads * per_head, shares, n_pos)
+
+
+def adaptive_head_allocation(scores: np.ndarray, per_head: int, floor_alpha: float) -> np.ndarray:
+    """Ada-KV keep mask (H_kv, T_a) for one layer: each head's top ``b_i`` (see above)."""
+    return topk_mask(scores, adaptive_head_budgets(scores, per_head, floor_alpha))
 
 
 @register
@@ -51,13 +58,13 @@ class AdaKV(Policy):
     Parameters
     ----------
     window : int
-        Observation-window queries (SnapKV default 32).
+        Observation-window queries (SnapKV / Ada-KV default 32).
     kernel : int
         Pooling kernel (WnW App. F: 7).
     pooling : str
         ``"max"`` (WnW App. F) or ``"avg"``.
     floor_alpha : float
-        Fraction of each head's uniform share it is guaranteed (WnW App. F: 0.8).
+        Uniform fraction of every head's budget (WnW App. F: 0.8).
     """
 
     name = "adakv"
@@ -76,9 +83,9 @@ class AdaKV(Policy):
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         scores = pool_scores(window_scores(ctx, view, self.window), self.kernel, self.pooling)
         per_head = uniform_head_budget(ctx, self.budget)
-        keep = np.stack(
-            [adaptive_head_allocation(s, per_head, self.floor_alpha) for s in scores]
-        )
+        budgets = np.stack([adaptive_head_budgets(s, per_head, self.floor_alpha) for s in scores])
+        self.head_budgets_ = budgets
+        keep = topk_mask(scores, budgets)
         self._capacity = per_head * ctx.heads.n_heads_total
         return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
 
