@@ -177,3 +177,22 @@ def test_engine_runs_every_zoo_a_policy_at_paper_budgets(name: str, tmp_path: Pa
             assert abs(s["r_gpu"] - r) <= 0.01
         else:
             assert r - s["r_gpu"] <= 0.05  # solve fills the budget up to the recall reserve
+
+
+def test_anchor_heads_see_their_true_attention_and_full_budget_keeps_all(tmp_path: Path) -> None:
+    trace = _trace("small", 30.0, 15, 3, tmp_path)
+    ctx = Replayer(trace, ReplayConfig()).ctx
+    run_full, run = replay_trace(
+        trace,
+        [PolicySpec("wnw", 1.0), PolicySpec("wnw", 0.5, {"n_voice": 4, "n_anchor": 2})],
+        ReplayConfig(record_tiers=True),
+    )
+    assert run_full.summary["r_gpu"] == 1.0 and run_full.summary["attn_recall"] == 1.0
+    pol = make("wnw", 0.5, n_voice=4, n_anchor=2)
+    lay = SegmentLayout.from_seconds(ctx.n_audio, ctx.audio_tokens_per_s, 4.0, 2.0)
+    pol._plan(ctx, pol._signal(ctx), lay.seg_len)
+    anchor_q = np.repeat(pol.roles_ == ANCHOR, ctx.heads.group, axis=1)  # (L, H_q)
+    assert anchor_q.sum() == 2 * ctx.heads.group
+    # eq. 2 reads the engine's compressed attention; for anchors it is the full attention
+    np.testing.assert_allclose(run.per_head_recall[anchor_q], 1.0)
+    assert (run.per_head_recall[~anchor_q] < 1.0).any()
