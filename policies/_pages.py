@@ -1,0 +1,132 @@
+"""Page layout, page digests and query-aware page bounds shared by Quest and ArkVale.
+
+The audio span of every (layer, KV-head) is cut into contiguous pages of ``page_size`` tokens
+starting at the first audio position; the last page may be partial. A page digest is an
+axis-aligned box ``[lo, hi]`` in key space (one interval per channel):
+
+* Quest (Tang et al. 2024, §3 "query-aware sparsity", page criticality estimation): ``lo``/``hi`` are the channel-wise
+  minimum and maximum of the page's keys, so the box contains every key of the page;
+* ArkVale (Chen et al. 2024, §4 "page digests", bounding-volume summaries): the box centred on
+  ``c = (max + min) / 2`` with per-channel radius ``d = mean_j |k_j - c|`` over the page's keys
+  (the reference implementation's cuboid digest); it is tighter than the min/max box and need
+  not contain every key.
+
+For a query ``q`` the largest dot product with any point of a box is
+``sum_i max(q_i * hi_i, q_i * lo_i) = q+ . hi + q- . lo`` (Quest's upper bound of the attention
+logit), computed here for all pages at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def n_pages(n_audio: int, page_size: int) -> int:
+    """Number of pages covering ``n_audio`` tokens (last one possibly partial)."""
+    if page_size <= 0:
+        raise ValueError(f"page_size must be positive, got {page_size}")
+    return -(-n_audio // page_size)
+
+
+def page_starts(n_audio: int, page_size: int) -> np.ndarray:
+    """First audio position of every page, shape (n_pages,)."""
+    return np.arange(0, n_audio, page_size, dtype=np.int64)
+
+
+def page_sizes(n_audio: int, page_size: int) -> np.ndarray:
+    """Tokens in every page, shape (n_pages,); all ``page_size`` except maybe the last."""
+    starts = page_starts(n_audio, page_size)
+    return np.minimum(starts + page_size, n_audio) - starts
+
+
+def page_of_position(n_audio: int, page_size: int) -> np.ndarray:
+    """Page index of every audio position, shape (T_a,)."""
+    return np.arange(n_audio, dtype=np.int64) // page_size
+
+
+def expand_pages(page_mask: np.ndarray, n_audio: int, page_size: int) -> np.ndarray:
+    """Turn a per-page array (..., n_pages) into a per-position array (..., T_a)."""
+    return np.take(page_mask, page_of_position(n_audio, page_size), axis=-1)
+
+
+def minmax_digest(keys: np.ndarray, page_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Quest digest: channel-wise (min, max) of each page's keys.
+
+    Parameters
+    ----------
+    keys : (H_kv, T_a, D) array
+
+    Returns
+    -------
+    lo, hi : (H_kv, n_pages, D) float32 arrays
+    """
+    keys = _check_keys(keys)
+    starts = page_starts(keys.shape[1], page_size)
+    lo = np.minimum.reduceat(keys, starts, axis=1)
+    hi = np.maximum.reduceat(keys, starts, axis=1)
+    return lo.astype(np.float32), hi.astype(np.float32)
+
+
+def bounding_box_digest(keys: np.ndarray, page_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """ArkVale cuboid digest: box ``c ± d`` with ``c = (max+min)/2`` and ``d = mean|k - c|``.
+
+    Parameters
+    ----------
+    keys : (H_kv, T_a, D) array
+
+    Returns
+    -------
+    lo, hi : (H_kv, n_pages, D) float32 arrays, ``lo = c - d`` and ``hi = c + d``
+    """
+    keys = _check_keys(keys)
+    t_a = keys.shape[1]
+    starts = page_starts(t_a, page_size)
+    lo = np.minimum.reduceat(keys, starts, axis=1).astype(np.float64)
+    hi = np.maximum.reduceat(keys, starts, axis=1).astype(np.float64)
+    centre = (hi + lo) / 2.0
+    page = page_of_position(t_a, page_size)
+    dev = np.abs(keys.astype(np.float64) - centre[:, page, :])
+    radius = np.add.reduceat(dev, starts, axis=1) / page_sizes(t_a, page_size)[None, :, None]
+    return (centre - radius).astype(np.float32), (centre + radius).astype(np.float32)
+
+
+def box_upper_bound(query: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Largest ``q . k`` over each page box, for every q-head: ``sum_i max(q_i hi_i, q_i lo_i)``.
+
+    Parameters
+    ----------
+    query : (H_q, D) array, post-RoPE query of the current token
+    lo, hi : (H_kv, n_pages, D) arrays with ``lo <= hi``; q-head ``h`` reads KV-head
+        ``h // (H_q / H_kv)`` (GQA)
+
+    Returns
+    -------
+    (H_kv, g, n_pages) float64 array, ``g = H_q / H_kv``
+    """
+    h_kv, _, d = lo.shape
+    h_q = query.shape[0]
+    if query.shape != (h_q, d) or h_q % h_kv:
+        raise ValueError(f"query shape {query.shape} does not match digests {lo.shape}")
+    q = query.astype(np.float64).reshape(h_kv, h_q // h_kv, d)
+    pos, neg = np.maximum(q, 0.0), np.minimum(q, 0.0)
+    return np.einsum("kgd,kpd->kgp", pos, hi.astype(np.float64)) + np.einsum(
+        "kgd,kpd->kgp", neg, lo.astype(np.float64)
+    )
+
+
+def reduce_group(values: np.ndarray, how: str) -> np.ndarray:
+    """Aggregate a (H_kv, g, P) per-q-head array over the GQA group axis -> (H_kv, P)."""
+    if how == "max":
+        return values.max(axis=1)
+    if how == "mean":
+        return values.mean(axis=1)
+    if how == "sum":
+        return values.sum(axis=1)
+    raise ValueError(f"group_reduce must be 'max', 'mean' or 'sum', got {how!r}")
+
+
+def _check_keys(keys: np.ndarray) -> np.ndarray:
+    keys = np.asarray(keys)
+    if keys.ndim != 3 or keys.shape[1] == 0:
+        raise ValueError(f"audio keys must have shape (H_kv, T_a>0, D), got {keys.shape}")
+    return keys
