@@ -46,7 +46,10 @@ def page_of_position(n_audio: int, page_size: int) -> np.ndarray:
 
 def expand_pages(page_mask: np.ndarray, n_audio: int, page_size: int) -> np.ndarray:
     """Turn a per-page array (..., n_pages) into a per-position array (..., T_a)."""
-    return np.take(page_mask, page_of_position(n_audio, page_size), axis=-1)
+    if n_audio % page_size == 0:  # whole pages: a broadcast repeat, no gather
+        rep = np.broadcast_to(page_mask[..., None], (*page_mask.shape, page_size))
+        return rep.reshape(*page_mask.shape[:-1], n_audio)
+    return np.repeat(page_mask, page_sizes(n_audio, page_size), axis=-1)
 
 
 def minmax_digest(keys: np.ndarray, page_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -103,15 +106,49 @@ def box_upper_bound(query: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.nda
     -------
     (H_kv, g, n_pages) float64 array, ``g = H_q / H_kv``
     """
-    h_kv, _, d = lo.shape
-    h_q = query.shape[0]
-    if query.shape != (h_q, d) or h_q % h_kv:
-        raise ValueError(f"query shape {query.shape} does not match digests {lo.shape}")
-    q = query.astype(np.float64).reshape(h_kv, h_q // h_kv, d)
-    pos, neg = np.maximum(q, 0.0), np.minimum(q, 0.0)
-    return np.einsum("kgd,kpd->kgp", pos, hi.astype(np.float64)) + np.einsum(
-        "kgd,kpd->kgp", neg, lo.astype(np.float64)
-    )
+    return PageBoxes(lo, hi).upper_bound(query)
+
+
+class PageBoxes:
+    """Page digests of one layer, stored as centre and half-width for a fast bound.
+
+    ``max(q_i hi_i, q_i lo_i) = q_i m_i + |q_i| w_i`` with ``m = (hi + lo) / 2`` and
+    ``w = (hi - lo) / 2``, so the bound of all pages is two batched matrix products.
+    """
+
+    def __init__(self, lo: np.ndarray, hi: np.ndarray) -> None:
+        lo = np.asarray(lo, dtype=np.float64)
+        hi = np.asarray(hi, dtype=np.float64)
+        if lo.shape != hi.shape or lo.ndim != 3:
+            raise ValueError(f"page digests must be (H_kv, n_pages, D), got {lo.shape}, {hi.shape}")
+        self.n_kv_heads, self.n_pages, self.head_dim = lo.shape
+        self._mid_t = np.ascontiguousarray(((hi + lo) / 2.0).transpose(0, 2, 1))  # (H_kv, D, P)
+        self._half_t = np.ascontiguousarray(((hi - lo) / 2.0).transpose(0, 2, 1))
+
+    def upper_bound(self, query: np.ndarray) -> np.ndarray:
+        """(H_kv, g, n_pages) bound for the (H_q, D) query."""
+        h_q = query.shape[0]
+        if query.ndim != 2 or query.shape[1] != self.head_dim or h_q % self.n_kv_heads:
+            raise ValueError(
+                f"query shape {query.shape} does not match digests "
+                f"({self.n_kv_heads}, {self.n_pages}, {self.head_dim})"
+            )
+        q = np.asarray(query, dtype=np.float64).reshape(self.n_kv_heads, -1, self.head_dim)
+        return np.matmul(q, self._mid_t) + np.matmul(np.abs(q), self._half_t)
+
+
+def top_pages(scores: np.ndarray, k: int) -> np.ndarray:
+    """Boolean mask of the ``k`` highest scores along the last axis (same ``k`` for all rows)."""
+    n = scores.shape[-1]
+    if k <= 0:
+        return np.zeros(scores.shape, dtype=bool)
+    if k >= n:
+        return np.ones(scores.shape, dtype=bool)
+    flat = scores.reshape(-1, n)
+    idx = np.argpartition(-flat, k - 1, axis=-1)[:, :k]
+    out = np.zeros(flat.shape, dtype=bool)
+    out[np.arange(flat.shape[0])[:, None], idx] = True
+    return out.reshape(scores.shape)
 
 
 def reduce_group(values: np.ndarray, how: str) -> np.ndarray:

@@ -36,13 +36,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies._pages import (
+    PageBoxes,
     bounding_box_digest,
-    box_upper_bound,
     expand_pages,
     n_pages,
     page_sizes,
     page_starts,
     reduce_group,
+    top_pages,
 )
 from policies.base import Policy, PolicyContext, PrefillView, QueryView, Tier, topk_mask
 from policies.registry import register
@@ -131,33 +132,35 @@ class ArkVale(Policy):
         free_sizes = np.sort(sizes[~self._forced])[::-1]
         per_head = int(sizes[self._forced].sum() + free_sizes[:n_free].sum())
         self._capacity = per_head * h.n_heads_total
-        self._digests: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._digests: dict[int, PageBoxes] = {}
         return self._tiers.copy()
 
     # ----------------------------------------------------------------------------- decode
-    def digest(self, layer: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(lo, hi) = c -/+ d bounding-box digest of ``layer``, computed once."""
+    def digest(self, layer: int, keys: np.ndarray) -> PageBoxes:
+        """Bounding boxes ``c -/+ d`` of the pages of ``layer``, computed once."""
         if layer not in self._digests:
-            self._digests[layer] = bounding_box_digest(keys, self.page_size)
+            self._digests[layer] = PageBoxes(*bounding_box_digest(keys, self.page_size))
         return self._digests[layer]
 
     def page_scores(self, view: QueryView) -> np.ndarray:
         """Upper bound of ``q . k`` over every page box for the current query, (H_kv, n_pages)."""
-        lo, hi = self.digest(view.layer, view.audio_keys())
-        return reduce_group(box_upper_bound(view.query(), lo, hi), self.group_reduce)
+        boxes = self.digest(view.layer, view.audio_keys())
+        return reduce_group(boxes.upper_bound(view.query()), self.group_reduce)
 
     def select(self, view: QueryView) -> np.ndarray | None:
         layer = view.layer
         scores = self.page_scores(view)
         resident = self._resident[layer]
-        must = self._forced | topk_mask(np.where(self._forced, -np.inf, scores), self.topk)
+        must = self._forced | top_pages(np.where(self._forced, -np.inf, scores), self.topk)
         missing = must & ~resident
-        evictable = resident & ~must
-        # the lowest-scored resident pages outside the top-k make room for the recalled ones
-        evict = topk_mask(np.where(evictable, -scores, -np.inf), missing.sum(axis=-1)) & evictable
-        new = (resident & ~evict) | missing
-        self._resident[layer] = new
-        self._tiers[layer] = self._tiers_from_pages(new)
+        new = resident
+        if missing.any():
+            # the lowest-scored resident pages outside the top-k make room for the recalled ones
+            evictable = resident & ~must
+            lowest = topk_mask(np.where(evictable, -scores, -np.inf), missing.sum(axis=-1))
+            new = (resident & ~(lowest & evictable)) | missing
+            self._resident[layer] = new
+            self._tiers[layer] = self._tiers_from_pages(new)
         read = must if self.sparse_read else new
         return expand_pages(read, self._n_audio, self.page_size)
 

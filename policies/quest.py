@@ -22,8 +22,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies._pages import box_upper_bound, expand_pages, minmax_digest, n_pages, reduce_group
-from policies.base import Policy, PolicyContext, PrefillView, QueryView, full_tiers, topk_mask
+from policies._pages import (
+    PageBoxes,
+    expand_pages,
+    minmax_digest,
+    n_pages,
+    reduce_group,
+    top_pages,
+)
+from policies.base import Policy, PolicyContext, PrefillView, QueryView, full_tiers
 from policies.registry import register
 
 
@@ -66,22 +73,22 @@ class Quest(Policy):
         self._n_pages = n_pages(ctx.n_audio, self.page_size)
         #: pages read per (layer, KV-head) and step
         self.page_budget = int(np.floor(self.budget * self._n_pages + 1e-9))
-        self._digests: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._digests: dict[int, PageBoxes] = {}
         return full_tiers(ctx)
 
-    def digest(self, layer: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(lo, hi) min/max digest of ``layer``, computed once from its audio keys."""
+    def digest(self, layer: int, keys: np.ndarray) -> PageBoxes:
+        """Min/max page boxes of ``layer``, computed once from its audio keys."""
         if layer not in self._digests:
-            self._digests[layer] = minmax_digest(keys, self.page_size)
+            self._digests[layer] = PageBoxes(*minmax_digest(keys, self.page_size))
         return self._digests[layer]
 
     def page_scores(self, view: QueryView) -> np.ndarray:
         """Criticality upper bound of every page for the current query, (H_kv, n_pages)."""
-        lo, hi = self.digest(view.layer, view.audio_keys())
-        return reduce_group(box_upper_bound(view.query(), lo, hi), self.group_reduce)
+        boxes = self.digest(view.layer, view.audio_keys())
+        return reduce_group(boxes.upper_bound(view.query()), self.group_reduce)
 
     def select(self, view: QueryView) -> np.ndarray | None:
         if view.layer < self.dense_layers:
             return None
-        pages = topk_mask(self.page_scores(view), self.page_budget)
+        pages = top_pages(self.page_scores(view), self.page_budget)
         return expand_pages(pages, self._n_audio, self.page_size)
