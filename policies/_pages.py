@@ -4,9 +4,9 @@ The audio span of every (layer, KV-head) is cut into contiguous pages of ``page_
 starting at the first audio position; the last page may be partial. A page digest is an
 axis-aligned box ``[lo, hi]`` in key space (one interval per channel):
 
-* Quest (Tang et al. 2024, §3 "query-aware sparsity", page criticality estimation): ``lo``/``hi`` are the channel-wise
+* Quest (Tang et al. 2024, "query-aware sparsity", Fig. 5): ``lo``/``hi`` are the channel-wise
   minimum and maximum of the page's keys, so the box contains every key of the page;
-* ArkVale (Chen et al. 2024, §4 "page digests", bounding-volume summaries): the box centred on
+* ArkVale (Chen et al. 2024, bounding-volume page digests): the box centred on
   ``c = (max + min) / 2`` with per-channel radius ``d = mean_j |k_j - c|`` over the page's keys
   (the reference implementation's cuboid digest); it is tighter than the min/max box and need
   not contain every key.

@@ -1,7 +1,9 @@
 """ArkVale (Chen et al., NeurIPS 2024): recallable page eviction with bounding-box digests.
 
-ArkVale (§4) manages the KV cache in pages of ``page_size`` tokens (32). The GPU holds a fixed
-budget of pages; every page is backed up to host memory, so an evicted page can be recalled.
+ArkVale (method: page digests and recall; defaults from the authors' code,
+``source/arkvale/infer_state.py``) manages the KV cache in pages of ``page_size`` tokens (32).
+The GPU holds a fixed budget of pages; every page is backed up to host memory, so an evicted
+page can be recalled.
 Each page has a digest, a bounding box of its keys: centre ``c = (max + min) / 2`` and
 per-channel radius ``d = mean_j |k_j - c|`` (the reference implementation's cuboid). At every
 decode step and layer the current query scores every page (resident or not) by the upper

@@ -1,6 +1,6 @@
 """ChunkKV (Liu et al., 2025): keep whole semantic chunks of the audio instead of single tokens.
 
-ChunkKV (§3, Algorithm 1) cuts the context into fixed-size chunks of ``chunk_size`` tokens
+ChunkKV (method section, Algorithm 1) cuts the context into fixed-size chunks of ``chunk_size`` tokens
 (10 in the paper), scores each chunk by the observation-window attention summed over the
 chunk's tokens, and keeps the top ``floor(budget / chunk_size)`` chunks, so that kept tokens
 come in contiguous, meaning-preserving groups. The chunk ranking is computed from the

@@ -1,6 +1,6 @@
 """H2O, Heavy-Hitter Oracle (Zhang et al., NeurIPS 2023), restricted to the audio span.
 
-H2O (§3, Algorithm 1 "H2 eviction") keeps a KV cache of ``k`` tokens made of *heavy hitters*,
+H2O (Algorithm 1, "H2 eviction"; section "Heavy-Hitter Oracle") keeps a KV cache of ``k`` tokens made of *heavy hitters*,
 the tokens with the largest attention accumulated over every query so far, plus the most
 *recent* tokens; the paper's default splits the budget evenly (heavy ratio = recent ratio).
 When the cache is over budget it evicts, for good, the non-recent token with the smallest

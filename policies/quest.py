@@ -1,6 +1,6 @@
 """Quest (Tang et al., ICML 2024): query-aware page selection, every KV stays resident.
 
-Quest (§3, query-aware sparsity) keeps the whole KV cache in GPU memory and, at every decode
+Quest (method section "query-aware sparsity", Fig. 5) keeps the whole KV cache in GPU memory and, at every decode
 step and layer, reads only the pages that may matter to the *current* query. Each page of
 ``page_size`` tokens (16 in the paper) has a digest, the channel-wise min and max of its keys;
 the criticality of a page for query ``q`` is the upper bound of ``q . k`` over that box,
