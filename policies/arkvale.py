@@ -15,8 +15,12 @@ window pages (end) are always resident.
 Reading under the audio-only scope (WnW §3.3, App. F: "page size 32, top-k recall budget
 proportional to the target audio KV retention r_GPU, CPU mirror of all evicted pages"):
 
-* pages tile the audio span of each (layer, KV-head); page budget ``P = floor(r * n_pages)``
-  resident pages, sink and window pages included (sink first, then window, while they fit);
+* pages tile the audio span of each (layer, KV-head); the page budget ``P`` (resident pages,
+  sink and window pages included: sink first, then window, while they fit) is the number of
+  pages that fit in the token budget ``floor(r * T_a)`` (``budget_unit="tokens"``, default;
+  free slots are sized as full pages so any choice fits) or ``floor(r * n_pages)``
+  (``budget_unit="pages"``; with a partial last page it can undershoot r by up to a page, e.g.
+  0.147 instead of 0.2 on a 750-token trace);
 * every non-resident page is on CPU: r_GPU+CPU = 1 (full mirror);
 * top-k: ``k = floor(topk_fraction * P) - n_forced`` (the reference code's default top-k is
   half the page budget minus sink and window pages), at least 1 when a free slot exists;
@@ -71,6 +75,10 @@ class ArkVale(Policy):
         How the q-heads of a GQA group combine their page bounds: ``max``, ``mean``, ``sum``.
     sparse_read : bool
         Attention reads only sink + top-k + window pages instead of every resident page.
+    budget_unit : str
+        ``"tokens"`` (default): as many pages as fit in ``floor(r * T_a)`` tokens per head, so
+        the measured r_GPU never exceeds the target and sits within one page of it;
+        ``"pages"``: ``floor(r * n_pages)`` pages, the partial last page counted as one.
     """
 
     name = "arkvale"
@@ -87,6 +95,7 @@ class ArkVale(Policy):
     topk_fraction: float = 0.5
     group_reduce: str = "max"
     sparse_read: bool = False
+    budget_unit: str = "tokens"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -100,6 +109,10 @@ class ArkVale(Policy):
             raise ValueError(
                 f"arkvale: group_reduce must be max, mean or sum, got {self.group_reduce!r}"
             )
+        if self.budget_unit not in ("tokens", "pages"):
+            raise ValueError(
+                f"arkvale: budget_unit must be tokens or pages, got {self.budget_unit!r}"
+            )
 
     # ----------------------------------------------------------------------------- prefill
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
@@ -107,13 +120,7 @@ class ArkVale(Policy):
         self._n_audio = t_a
         npg = n_pages(t_a, self.page_size)
         #: resident pages per (layer, KV-head), at every step
-        self.page_budget = int(np.floor(self.budget * npg + 1e-9))
-        n_sink = min(self.n_sink_pages, self.page_budget, npg)
-        n_win = min(self.n_window_pages, self.page_budget - n_sink, npg - n_sink)
-        self._forced = np.zeros(npg, dtype=bool)
-        self._forced[:n_sink] = True
-        if n_win:
-            self._forced[npg - n_win :] = True
+        self.page_budget, self._forced = self._page_plan(t_a)
         n_free = self.page_budget - int(self._forced.sum())
         k = int(np.floor(self.topk_fraction * self.page_budget + 1e-9)) - int(self._forced.sum())
         #: top-k pages that must be resident after each step's selection
@@ -136,6 +143,30 @@ class ArkVale(Policy):
         self._capacity = per_head * h.n_heads_total
         self._digests: dict[int, PageBoxes] = {}
         return self._tiers.copy()
+
+    def _page_plan(self, t_a: int) -> tuple[int, np.ndarray]:
+        """Page budget and always-resident (sink, window) pages of one (layer, KV-head)."""
+        npg = n_pages(t_a, self.page_size)
+        sizes = page_sizes(t_a, self.page_size)
+        forced = np.zeros(npg, dtype=bool)
+        sink = list(range(min(self.n_sink_pages, npg)))
+        window = [p for p in range(npg - 1, -1, -1) if p not in sink][: self.n_window_pages]
+        if self.budget_unit == "pages":
+            budget = int(np.floor(self.budget * npg + 1e-9))
+            for p in (sink + window)[:budget]:
+                forced[p] = True
+            return budget, forced
+        tokens = int(np.floor(self.budget * t_a + 1e-9))
+        used = 0
+        for group in (sink, window):
+            for p in group:
+                if used + sizes[p] > tokens:
+                    break
+                forced[p] = True
+                used += int(sizes[p])
+        # free slots are sized as full pages, so any choice of pages fits the token budget
+        n_free = min((tokens - used) // self.page_size, npg - int(forced.sum()))
+        return int(forced.sum()) + n_free, forced
 
     # ----------------------------------------------------------------------------- decode
     def digest(self, layer: int, keys: np.ndarray) -> PageBoxes:

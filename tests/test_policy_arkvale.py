@@ -45,12 +45,15 @@ def test_box_is_within_minmax_box() -> None:
     assert (hi <= np.maximum.reduceat(keys, starts, axis=1) + 1e-6).all()
 
 
+@pytest.mark.parametrize("unit", ["tokens", "pages"])
 @pytest.mark.parametrize("r", [0.2, 0.4, 0.6, 0.8])
-def test_page_budget_every_step_full_mirror(r: float) -> None:
+def test_page_budget_every_step_full_mirror(r: float, unit: str) -> None:
     ctx = make_ctx(n_layers=2, n_q_heads=4, n_kv_heads=2, n_audio=500)  # 16 pages, last 20 tok
-    pol = make("arkvale", r)
+    pol = make("arkvale", r, budget_unit=unit)
     log = drive(pol, ctx, random_prefill(ctx), n_steps=8)
-    budget = int(np.floor(r * 16))
+    tokens = int(np.floor(r * 500))
+    # tokens: sink (32) + window (20) + as many full pages as fit in the rest
+    budget = int(np.floor(r * 16)) if unit == "pages" else 2 + (tokens - 52) // 32
     assert pol.page_budget == budget
     page = page_of_position(500, 32)
     for tiers in log.tiers:
@@ -63,7 +66,13 @@ def test_page_budget_every_step_full_mirror(r: float) -> None:
         assert ((per_page > 0).sum(axis=-1) == budget).all()
         assert gpu[..., :32].all() and gpu[..., 480:].all()  # sink and window pages
         assert gpu.sum() <= pol.gpu_capacity()
-    assert abs(np.mean([(t == Tier.GPU).mean() for t in log.tiers[1:]]) - r) < 1 / 16 + 0.05
+        if unit == "tokens":
+            assert (gpu.sum(axis=-1) <= tokens).all()  # never above the token budget
+    measured = np.mean([(t == Tier.GPU).mean() for t in log.tiers[1:]])
+    if unit == "tokens":
+        assert r - 32 / 500 < measured <= r  # within one page below the target
+    else:
+        assert abs(measured - r) < 1 / 16 + 0.05
 
 
 def test_recalls_cpu_page_that_becomes_top() -> None:
@@ -110,9 +119,14 @@ def test_sparse_read_reads_only_sink_topk_window() -> None:
     assert (pol.current_tiers()[0][read] == Tier.GPU).all()
 
 
-def test_tiny_budget_zero_pages() -> None:
-    ctx = make_ctx(n_audio=40)  # 2 pages, r = 0.2 -> 0 pages
-    pol = make("arkvale", 0.2)
+def test_tiny_budget() -> None:
+    ctx = make_ctx(n_audio=40)  # 2 pages (32 + 8 tokens), r = 0.2 -> 8 tokens, 0.4 pages
+    pol = make("arkvale", 0.2, budget_unit="pages")
     log = drive(pol, ctx, random_prefill(ctx), n_steps=2)
     assert all((t == Tier.CPU).all() for t in log.tiers)
     assert pol.gpu_capacity() == 0
+    pol = make("arkvale", 0.2)  # the 8-token window page fits the 8-token budget
+    log = drive(pol, ctx, random_prefill(ctx), n_steps=2)
+    for t in log.tiers:
+        assert (t[..., 32:] == Tier.GPU).all() and (t[..., :32] == Tier.CPU).all()
+    assert pol.page_budget == 1 and pol.gpu_capacity() == 8 * 4
