@@ -12,7 +12,7 @@ Choices under the audio-only scope (WnW §3.3):
 * chunks tile the audio span from its first position; the last chunk may be shorter, and its
   score is scaled to a full chunk (mean token score x ``chunk_size``, as NVIDIA kvpress does);
 * to hit the per-head budget ``floor(r * T_a)`` exactly (ChunkKV's whole chunks would leave
-  up to ``chunk_size - 1`` tokens unused, i.e. r_GPU off by up to 0.027 at T_a = 375), the
+  up to ``chunk_size - 1`` tokens unused, i.e. r_GPU off by up to 9/375 = 0.024 at T_a = 375), the
   remainder is filled from the next-best chunk, by token score within that chunk.
 """
 
