@@ -79,6 +79,10 @@ class ArkVale(Policy):
         ``"tokens"`` (default): as many pages as fit in ``floor(r * T_a)`` tokens per head, so
         the measured r_GPU never exceeds the target and sits within one page of it;
         ``"pages"``: ``floor(r * n_pages)`` pages, the partial last page counted as one.
+    share_heads : bool
+        One page selection per layer for all its KV-heads, scores combined over every q-head
+        of the layer (the reference code's default, where a page holds every head's KV);
+        False (default) selects per KV-head from its GQA group.
     """
 
     name = "arkvale"
@@ -96,6 +100,7 @@ class ArkVale(Policy):
     group_reduce: str = "max"
     sparse_read: bool = False
     budget_unit: str = "tokens"
+    share_heads: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -133,7 +138,7 @@ class ArkVale(Policy):
             if view.n_window > 0:
                 last = view.audio_attention(layer)[:, -1, :].astype(np.float64)  # (H_q, T_a)
                 per_q = np.maximum.reduceat(last, starts, axis=-1)
-                scores = reduce_group(per_q.reshape(h.n_kv_heads, h.group, npg), self.group_reduce)
+                scores = self._combine(per_q.reshape(h.n_kv_heads, h.group, npg))
             top = topk_mask(np.where(self._forced, -np.inf, scores), n_free)
             self._resident[layer] = self._forced | top
         self._tiers = self._tiers_from_pages(self._resident)
@@ -178,7 +183,15 @@ class ArkVale(Policy):
     def page_scores(self, view: QueryView) -> np.ndarray:
         """Upper bound of ``q . k`` over every page box for the current query, (H_kv, n_pages)."""
         boxes = self.digest(view.layer, view.audio_keys())
-        return reduce_group(boxes.upper_bound(view.query()), self.group_reduce)
+        return self._combine(boxes.upper_bound(view.query()))
+
+    def _combine(self, per_q: np.ndarray) -> np.ndarray:
+        """(H_kv, g, P) per-q-head page scores -> (H_kv, P), shared by the layer if asked."""
+        if self.share_heads:
+            h_kv, g, n = per_q.shape
+            layer = reduce_group(per_q.reshape(1, h_kv * g, n), self.group_reduce)
+            return np.broadcast_to(layer, (h_kv, n))
+        return reduce_group(per_q, self.group_reduce)
 
     def select(self, view: QueryView) -> np.ndarray | None:
         layer = view.layer

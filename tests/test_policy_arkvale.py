@@ -130,3 +130,14 @@ def test_tiny_budget() -> None:
     for t in log.tiers:
         assert (t[..., 32:] == Tier.GPU).all() and (t[..., :32] == Tier.CPU).all()
     assert pol.page_budget == 1 and pol.gpu_capacity() == 8 * 4
+
+
+def test_share_heads_keeps_one_page_set_per_layer() -> None:
+    ctx = make_ctx(n_layers=2, n_q_heads=4, n_kv_heads=2, n_audio=640)
+    view = random_prefill(ctx)
+    shared = make("arkvale", 0.4, share_heads=True)
+    log = drive(shared, ctx, view, n_steps=6)
+    for t in log.tiers:
+        assert (t[:, 0] == t[:, 1]).all()
+    per_head = drive(make("arkvale", 0.4), ctx, view, n_steps=6)
+    assert any((t[:, 0] != t[:, 1]).any() for t in per_head.tiers)  # heads differ otherwise
