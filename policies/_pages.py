@@ -104,7 +104,7 @@ def box_upper_bound(query: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.nda
 
     Returns
     -------
-    (H_kv, g, n_pages) float64 array, ``g = H_q / H_kv``
+    (H_kv, g, n_pages) float32 array, ``g = H_q / H_kv``
     """
     return PageBoxes(lo, hi).upper_bound(query)
 
@@ -119,21 +119,23 @@ class PageBoxes:
     def __init__(self, lo: np.ndarray, hi: np.ndarray) -> None:
         lo = np.asarray(lo, dtype=np.float64)
         hi = np.asarray(hi, dtype=np.float64)
+        # stored in float32 (memory: a long Voxtral trace has ~10^7 digest entries per policy)
         if lo.shape != hi.shape or lo.ndim != 3:
             raise ValueError(f"page digests must be (H_kv, n_pages, D), got {lo.shape}, {hi.shape}")
         self.n_kv_heads, self.n_pages, self.head_dim = lo.shape
-        self._mid_t = np.ascontiguousarray(((hi + lo) / 2.0).transpose(0, 2, 1))  # (H_kv, D, P)
-        self._half_t = np.ascontiguousarray(((hi - lo) / 2.0).transpose(0, 2, 1))
+        mid, half = (hi + lo) / 2.0, (hi - lo) / 2.0
+        self._mid_t = np.ascontiguousarray(mid.transpose(0, 2, 1), dtype=np.float32)  # (H_kv,D,P)
+        self._half_t = np.ascontiguousarray(half.transpose(0, 2, 1), dtype=np.float32)
 
     def upper_bound(self, query: np.ndarray) -> np.ndarray:
-        """(H_kv, g, n_pages) bound for the (H_q, D) query."""
+        """(H_kv, g, n_pages) bound for the (H_q, D) query (float32 arithmetic)."""
         h_q = query.shape[0]
         if query.ndim != 2 or query.shape[1] != self.head_dim or h_q % self.n_kv_heads:
             raise ValueError(
                 f"query shape {query.shape} does not match digests "
                 f"({self.n_kv_heads}, {self.n_pages}, {self.head_dim})"
             )
-        q = np.asarray(query, dtype=np.float64).reshape(self.n_kv_heads, -1, self.head_dim)
+        q = np.asarray(query, dtype=np.float32).reshape(self.n_kv_heads, -1, self.head_dim)
         return np.matmul(q, self._mid_t) + np.matmul(np.abs(q), self._half_t)
 
 

@@ -31,9 +31,11 @@ def test_bound_dominates_true_max_over_page(t_a: int, d: int, g: int, page: int,
     lo, hi = minmax_digest(keys, page)
     bound = box_upper_bound(q, lo, hi)  # (H_kv, g, P)
     true = np.einsum("kgd,ktd->kgt", q.reshape(2, g, d).astype(np.float64), keys.astype(np.float64))
+    # float32 arithmetic: tolerance relative to the size of the products summed
+    tol = 1e-5 * np.abs(q).sum(axis=-1).max() * np.abs(keys).max() + 1e-6
     for p, start in enumerate(range(0, t_a, page)):
         page_max = true[:, :, start : start + page].max(axis=-1)
-        assert (bound[:, :, p] >= page_max - 1e-4).all()
+        assert (bound[:, :, p] >= page_max - tol).all()
 
 
 @given(q=st.lists(_finite, min_size=3, max_size=3), a=st.lists(_finite, min_size=6, max_size=6))
@@ -45,7 +47,8 @@ def test_bound_is_max_over_box_corners(q: list[float], a: list[float]) -> None:
     bound = box_upper_bound(qa, lo, hi)[0, 0, 0]
     corners = [np.where(bits, hi[0, 0], lo[0, 0]) for bits in itertools.product([0, 1], repeat=3)]
     best = max(float(np.dot(qa[0].astype(np.float64), c.astype(np.float64))) for c in corners)
-    assert bound == pytest.approx(best, rel=1e-6, abs=1e-6)
+    scale = float(np.abs(qa).sum() * max(np.abs(lo).max(), np.abs(hi).max()))
+    assert bound == pytest.approx(best, abs=1e-5 * scale + 1e-6)  # float32 arithmetic
 
 
 def test_minmax_digest_hand_case() -> None:
