@@ -73,8 +73,19 @@ def replay_one(
     return runs[0], made[0], trace
 
 
-def _param_strategy(default: Any) -> st.SearchStrategy:
+#: known choices of string hyperparameters, by field name (a policy that refuses one of them
+#: with a ValueError just rejects that example)
+STRING_CHOICES: dict[str, list[str]] = {
+    "group_reduce": ["max", "mean", "sum"],
+    "budget_unit": ["tokens", "pages"],
+    "pooling": ["avg", "max"],
+}
+
+
+def _param_strategy(default: Any, name: str = "") -> st.SearchStrategy:
     """Values around a hyperparameter's default, by type; unknown types keep the default."""
+    if isinstance(default, str) and name in STRING_CHOICES:
+        return st.sampled_from(STRING_CHOICES[name])
     if isinstance(default, bool):
         other = st.booleans()
     elif isinstance(default, int):
@@ -93,7 +104,7 @@ def _param_strategy(default: Any) -> st.SearchStrategy:
 
 @st.composite
 def hyperparameters(draw: st.DrawFn, name: str) -> dict[str, Any]:
-    return {k: draw(_param_strategy(v)) for k, v in registry.get(name).hyperparameters().items()}
+    return {k: draw(_param_strategy(v, k)) for k, v in registry.get(name).hyperparameters().items()}
 
 
 def _page_counts(mask: np.ndarray, page_size: int) -> np.ndarray:
