@@ -142,3 +142,34 @@ def test_share_heads_keeps_one_page_set_per_layer() -> None:
         assert (t[:, 0] == t[:, 1]).all()
     per_head = drive(make("arkvale", 0.4), ctx, view, n_steps=6)
     assert any((t[:, 0] != t[:, 1]).any() for t in per_head.tiers)  # heads differ otherwise
+
+
+def test_engine_recalls_whole_pages_from_the_mirror() -> None:
+    """Through the real engine on a trace whose decode attention sweeps the audio: pages are
+    recalled whole (h2d tokens a multiple of 32, at most one copy per page), every step keeps
+    the page budget, and nothing is ever discarded (r_GPU+CPU = 1)."""
+    import tempfile
+    from pathlib import Path
+
+    from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace
+    from kvsim.synth import SynthConfig, synthesize
+    from kvsim.trace.reader import Trace
+    from kvsim.trace.writer import write_trace
+
+    data = synthesize(SynthConfig(preset="small", audio_seconds=40.96, decode_steps=20, seed=4))
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Trace(write_trace(Path(tmp) / "t.kvtrace", data))
+        assert trace.n_audio == 512  # 16 whole pages
+        (run,) = replay_trace(trace, [PolicySpec("arkvale", 0.4)], ReplayConfig(record_tiers=True))
+    log = run.step_log
+    h2d = log["h2d_tokens"].to_numpy()
+    assert h2d.sum() > 0 and (h2d % 32 == 0).all()
+    assert (log["h2d_transfers"].to_numpy() <= h2d // 32).all()
+    assert (log["h2d_bytes"].to_numpy() == h2d * run.facts.kv_bytes_per_head_token).all()
+    assert run.summary["r_gpu_cpu"] == 1.0
+    page = page_of_position(512, 32)
+    budget = 2 + (int(0.4 * 512) - 64) // 32  # sink + window + full pages that fit
+    for t in run.tiers:
+        per_page = np.zeros((*t.shape[:2], 16), dtype=int)
+        np.add.at(per_page, (slice(None), slice(None), page), (t == Tier.GPU).astype(int))
+        assert ((per_page > 0).sum(axis=-1) == budget).all()

@@ -82,3 +82,61 @@ def test_budget_every_step_and_gone_absorbing() -> None:
 def test_bad_hyperparameter_is_clear() -> None:
     with pytest.raises(ValueError, match="recent_fraction"):
         make("h2o", 0.3, recent_fraction=1.5)
+
+
+def test_engine_accumulates_compressed_attention() -> None:
+    """Through the real engine: H2O's scores = observation-window attention + the attention the
+    compressed model computed at every step (softmax over non-audio + resident audio),
+    recomputed here from the trace's queries and keys in float64."""
+    import tempfile
+    from pathlib import Path
+    from unittest import mock
+
+    from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace
+    from kvsim.synth import SynthConfig, synthesize
+    from kvsim.trace.reader import Trace
+    from kvsim.trace.writer import write_trace
+    from policies import registry
+
+    made = []
+
+    def _make(spec: PolicySpec):
+        made.append(registry.make(spec.name, spec.budget, **spec.params))
+        return made[-1]
+
+    data = synthesize(SynthConfig(preset="tiny", audio_seconds=8, decode_steps=5, seed=7))
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Trace(write_trace(Path(tmp) / "t.kvtrace", data))
+        with mock.patch.object(PolicySpec, "make", _make):
+            (run,) = replay_trace(trace, [PolicySpec("h2o", 0.3)], ReplayConfig(record_tiers=True))
+        pol = made[0]
+        heads, audio = trace.head_layout, trace.audio_positions
+        g, d = heads.group, heads.head_dim
+        n_prefill = trace.meta.n_prefill
+        expected = np.zeros_like(pol.scores)
+        window_part = np.zeros_like(pol.scores)
+        for layer in range(heads.n_layers):
+            keys = np.asarray(trace.keys(layer), dtype=np.float64)  # (H_kv, N, D)
+            kq = keys[np.arange(heads.n_q_heads) // g]  # (H_q, N, D)
+            resident = run.tiers[0][layer] == Tier.GPU  # static after prefill
+            for p in trace.window_positions:
+                q = np.asarray(trace.queries(layer)[:, trace.query_index(int(p))], dtype=np.float64)
+                logit = np.einsum("hd,hnd->hn", q, kq[:, : p + 1]) / np.sqrt(d)
+                w = np.exp(logit - logit.max(axis=-1, keepdims=True))
+                att = (w / w.sum(axis=-1, keepdims=True))[:, audio]
+                window_part[layer] += kv_group_sum(att, g)
+            expected[layer] = window_part[layer]
+            for s in range(run.summary["steps"]):
+                p = n_prefill + s
+                q = np.asarray(trace.queries(layer)[:, trace.query_index(p)], dtype=np.float64)
+                logit = np.einsum("hd,hnd->hn", q, kq[:, : p + 1]) / np.sqrt(d)
+                visible = np.ones((heads.n_q_heads, p + 1), dtype=bool)
+                visible[:, audio] = np.repeat(resident, g, axis=0)
+                w = np.where(visible, np.exp(logit - logit.max(axis=-1, keepdims=True)), 0.0)
+                att = (w / w.sum(axis=-1, keepdims=True))[:, audio]
+                expected[layer] += kv_group_sum(att, g)
+    assert np.allclose(pol.scores, expected, rtol=1e-4, atol=1e-6)
+    gained = pol.scores - window_part
+    kept = run.tiers[0] == Tier.GPU
+    assert gained[kept].sum() > 0.5  # decode steps added attention to resident positions
+    assert np.allclose(gained[~kept], 0.0)  # evicted positions receive none

@@ -104,3 +104,29 @@ def test_dense_layers_read_everything() -> None:
 def test_bad_group_reduce() -> None:
     with pytest.raises(ValueError, match="group_reduce"):
         make("quest", 0.5, group_reduce="median")
+
+
+@pytest.mark.parametrize("r", [0.25, 0.5])
+def test_engine_reads_page_budget_and_keeps_capacity(r: float) -> None:
+    """Through the real engine: r_GPU stays 1 while the step log's read_audio_tokens is exactly
+    K pages of 16 per (layer, KV-head) at every step (T_a = 128 = 8 whole pages)."""
+    import tempfile
+    from pathlib import Path
+
+    from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace
+    from kvsim.synth import SynthConfig, synthesize
+    from kvsim.trace.reader import Trace
+    from kvsim.trace.writer import write_trace
+
+    data = synthesize(SynthConfig(preset="tiny", audio_seconds=10.24, decode_steps=6, seed=5))
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Trace(write_trace(Path(tmp) / "t.kvtrace", data))
+        assert trace.n_audio == 128
+        (run,) = replay_trace(trace, [PolicySpec("quest", r)], ReplayConfig())
+    heads = trace.head_layout
+    k_pages = int(r * 8)
+    reads = run.step_log["read_audio_tokens"].to_numpy()
+    assert (reads == heads.n_layers * heads.n_kv_heads * k_pages * 16).all()
+    assert run.summary["r_gpu"] == run.summary["r_gpu_cpu"] == 1.0
+    assert run.summary["read_fraction"] == pytest.approx(r)
+    assert run.summary["h2d_mb_per_step"] == 0.0
