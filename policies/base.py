@@ -263,7 +263,9 @@ class Policy(abc.ABC):
     def describe(self) -> str:
         """Short label like ``snapkv(window=32)`` listing non-default hyperparameters."""
         defaults = self.hyperparameters()
-        changed = [f"{k}={getattr(self, k)}" for k, v in defaults.items() if getattr(self, k) != v]
+        changed = [
+            f"{k}={getattr(self, k)}" for k, v in defaults.items() if getattr(self, k) != v
+        ]
         return f"{self.name}({','.join(changed)})" if changed else self.name
 
 
