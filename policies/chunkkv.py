@@ -1,11 +1,11 @@
 """ChunkKV (Liu et al., 2025): keep whole semantic chunks of the audio instead of single tokens.
 
-ChunkKV (method section, Algorithm 1) cuts the context into fixed-size chunks of ``chunk_size`` tokens
-(10 in the paper), scores each chunk by the observation-window attention summed over the
-chunk's tokens, and keeps the top ``floor(budget / chunk_size)`` chunks, so that kept tokens
-come in contiguous, meaning-preserving groups. The chunk ranking is computed from the
-attention summed over the heads of a layer, so every KV-head of a layer keeps the same chunks
-(this is what makes ChunkKV's layer-wise index reuse possible). It is prefill-only.
+ChunkKV (method section, Algorithm 1) cuts the context into fixed-size chunks of
+``chunk_size`` tokens (10 in the paper), scores each chunk by the observation-window attention
+summed over the chunk's tokens, and keeps the top ``floor(budget / chunk_size)`` chunks, so
+that kept tokens come in contiguous, meaning-preserving groups. The chunk ranking is computed
+from the attention summed over the heads of a layer, so every KV-head of a layer keeps the same
+chunks (this is what makes ChunkKV's layer-wise index reuse possible). It is prefill-only.
 
 Choices under the audio-only scope (WnW §3.3):
 

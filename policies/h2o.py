@@ -1,10 +1,10 @@
 """H2O, Heavy-Hitter Oracle (Zhang et al., NeurIPS 2023), restricted to the audio span.
 
-H2O (Algorithm 1, "H2 eviction"; section "Heavy-Hitter Oracle") keeps a KV cache of ``k`` tokens made of *heavy hitters*,
-the tokens with the largest attention accumulated over every query so far, plus the most
-*recent* tokens; the paper's default splits the budget evenly (heavy ratio = recent ratio).
-When the cache is over budget it evicts, for good, the non-recent token with the smallest
-accumulated score.
+H2O (Algorithm 1, "H2 eviction"; section "Heavy-Hitter Oracle") keeps a KV cache of ``k``
+tokens made of *heavy hitters*, the tokens with the largest attention accumulated over every
+query so far, plus the most *recent* tokens; the paper's default splits the budget evenly
+(heavy ratio = recent ratio). When the cache is over budget it evicts, for good, the
+non-recent token with the smallest accumulated score.
 
 Reading under the audio-only scope (WnW §3.3; written down because the paper does not cover it):
 
@@ -56,7 +56,10 @@ class H2O(Policy):
     """
 
     name = "h2o"
-    paper = "Zhang et al., H2O: Heavy-Hitter Oracle for Efficient Generative Inference of LLMs, NeurIPS 2023"
+    paper = (
+        "Zhang et al., H2O: Heavy-Hitter Oracle for Efficient Generative Inference of LLMs, "
+        "NeurIPS 2023"
+    )
     needs_step_attention = True
 
     recent_fraction: float = 0.5

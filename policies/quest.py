@@ -1,7 +1,7 @@
 """Quest (Tang et al., ICML 2024): query-aware page selection, every KV stays resident.
 
-Quest (method section "query-aware sparsity", Fig. 5) keeps the whole KV cache in GPU memory and, at every decode
-step and layer, reads only the pages that may matter to the *current* query. Each page of
+Quest (method section "query-aware sparsity", Fig. 5) keeps the whole KV cache in GPU memory
+and, at every decode step and layer, reads only the pages that may matter to the *current* query. Each page of
 ``page_size`` tokens (16 in the paper) has a digest, the channel-wise min and max of its keys;
 the criticality of a page for query ``q`` is the upper bound of ``q . k`` over that box,
 ``sum_i max(q_i * max_i, q_i * min_i)``, and attention reads the top-K pages.
@@ -51,7 +51,10 @@ class Quest(Policy):
     """
 
     name = "quest"
-    paper = "Tang et al., Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference, ICML 2024"
+    paper = (
+        "Tang et al., Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference, "
+        "ICML 2024"
+    )
     query_aware = True
     saves_capacity = False
 
