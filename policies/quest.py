@@ -1,10 +1,10 @@
 """Quest (Tang et al., ICML 2024): query-aware page selection, every KV stays resident.
 
 Quest (method section "query-aware sparsity", Fig. 5) keeps the whole KV cache in GPU memory
-and, at every decode step and layer, reads only the pages that may matter to the *current* query. Each page of
-``page_size`` tokens (16 in the paper) has a digest, the channel-wise min and max of its keys;
-the criticality of a page for query ``q`` is the upper bound of ``q . k`` over that box,
-``sum_i max(q_i * max_i, q_i * min_i)``, and attention reads the top-K pages.
+and, at every decode step and layer, reads only the pages that may matter to the *current*
+query. Each page of ``page_size`` tokens (16 in the paper) has a digest, the channel-wise min
+and max of its keys; the criticality of a page for query ``q`` is the upper bound of ``q . k``
+over that box, ``sum_i max(q_i * max_i, q_i * min_i)``, and attention reads the top-K pages.
 
 Under the audio-only scope (WnW §3.3) the pages tile the audio span and the page budget is
 ``K = floor(r * n_pages)`` per (layer, KV-head); the text and generated tokens are always read.
