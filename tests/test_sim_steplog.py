@@ -116,6 +116,8 @@ def test_cli_simulate_replay_dir(tmp_path, replay_runs):
     assert res.height == 2 * 2 * 2
     assert len(list((tmp_path / "sim" / "sim_steps").glob("*.parquet"))) == 8
     assert (res["ms_per_token_mean"] > 0).all()
+    md = CliRunner().invoke(app, ["simulate", str(out), "--markdown"])
+    assert md.exit_code == 0 and md.output.startswith("| name | gpu | mode |")
 
 
 def test_cli_simulate_analytic_and_errors(tmp_path):

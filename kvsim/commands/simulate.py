@@ -95,7 +95,7 @@ def simulate(
     decode_steps: Annotated[int | None, typer.Option(help="Analytic mode: decode steps (default: transcript length of the audio)")] = None,
     capacity: Annotated[bool, typer.Option("--capacity", help="Also report the largest batch that fits and its tokens/s")] = False,
     capacity_gib: Annotated[float | None, typer.Option(help="GPU memory cap for --capacity (default: the GPU preset's)")] = None,
-    markdown: Annotated[bool, typer.Option(help="--table: print a markdown table")] = False,
+    markdown: Annotated[bool, typer.Option(help="Print results as a markdown table")] = False,
     table: Annotated[str | None, typer.Option(help="Print a documented table: wnw4 | capacity | memory (WnW Fig. 4 analogue; chart with --out)")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write sim_results.parquet and per-step parquet here")] = None,
 ) -> None:
@@ -189,7 +189,13 @@ def simulate(
             FileNotFoundError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
-    _print(rows, f"kvsim simulate ({runtime})")
+    if markdown:
+        keep = ["name", "gpu", "mode", "batch", "ms_per_token_median", "ms_per_token_mean",
+                "peak_gpu_gib", "h2d_mb_per_step", "h2d_copies_per_step", "transfer_wait_share"]
+        keep += [k for k in ("max_batch", "tokens_per_s_at_max_batch") if k in rows[0]]
+        print(_markdown(pl.DataFrame(rows).select(keep)))
+    else:
+        _print(rows, f"kvsim simulate ({runtime})")
     if out:
         out.mkdir(parents=True, exist_ok=True)
         pl.DataFrame(rows).write_parquet(out / "sim_results.parquet")
