@@ -21,9 +21,10 @@ def replay_runs(tmp_path_factory):
     from kvsim.trace import Trace, write_trace
 
     d = tmp_path_factory.mktemp("trace")
-    data = synthesize(SynthConfig(preset="minivox", audio_seconds=20, decode_steps=12, seed=0))
+    data = synthesize(SynthConfig(preset="minivox", audio_seconds=40, decode_steps=20, seed=0))
     trace = Trace(write_trace(d / "t.kvtrace", data))
-    return replay_trace(trace, [PolicySpec("snapkv", 0.2, {}), PolicySpec("full", 1.0, {})],
+    return replay_trace(trace, [PolicySpec("snapkv", 0.2, {}), PolicySpec("full", 1.0, {}),
+                                PolicySpec("wnw", 0.2, {}), PolicySpec("arkvale", 0.2, {})],
                         ReplayConfig())
 
 
@@ -52,7 +53,7 @@ def _log(n_steps: int, recall_tokens: int, runs: int) -> pl.DataFrame:
 
 
 def test_simulate_run_on_replayed_step_log(replay_runs):
-    snap, full = replay_runs
+    snap, full = replay_runs[:2]
     a = simulate_run(snap.step_log, snap.facts, "h100-sxm", "sync")
     b = simulate_run(full.step_log, full.facts, "h100-sxm", "sync")
     sa, sb = a.summary(), b.summary()
@@ -113,8 +114,8 @@ def test_cli_simulate_replay_dir(tmp_path, replay_runs):
                                  "-o", str(tmp_path / "sim")])
     assert r.exit_code == 0, r.output
     res = pl.read_parquet(tmp_path / "sim" / "sim_results.parquet")
-    assert res.height == 2 * 2 * 2
-    assert len(list((tmp_path / "sim" / "sim_steps").glob("*.parquet"))) == 8
+    assert res.height == len(replay_runs) * 2 * 2
+    assert len(list((tmp_path / "sim" / "sim_steps").glob("*.parquet"))) == res.height
     assert (res["ms_per_token_mean"] > 0).all()
     md = CliRunner().invoke(app, ["simulate", str(out), "--markdown"])
     assert md.exit_code == 0 and md.output.startswith("| name | gpu | mode |")
@@ -148,8 +149,8 @@ def test_simulate_runs_table(replay_runs):
     from kvsim.sim import simulate_runs
 
     df = simulate_runs(replay_runs, "a100-80gb", ("sync", "overlap"))
-    assert df.height == 4
-    assert set(df["policy"]) == {"snapkv", "full"}
+    assert df.height == 8
+    assert {"snapkv", "full"} <= set(df["policy"])
     assert (df["ms_per_token_mean"] > 0).all()
 
 
@@ -160,3 +161,14 @@ def test_cli_capacity_columns(tmp_path):
     row = pl.read_parquet(tmp_path / "sim_results.parquet").row(0, named=True)
     assert row["max_batch"] > 100
     assert row["tokens_per_s_at_max_batch"] > row["tokens_per_s"]
+
+
+def test_recalling_policies_from_the_replay_engine(replay_runs):
+    """WnW (after-step recall) and ArkVale (in-layer recall) step logs drive the copy path."""
+    for run in replay_runs[2:]:
+        assert run.step_log["h2d_bytes"].sum() > 0, run.spec.label
+        sync = simulate_run(run.step_log, run.facts, "a100-80gb", "sync").summary()
+        ovl = simulate_run(run.step_log, run.facts, "a100-80gb", "overlap").summary()
+        assert sync["h2d_mb_per_step"] == pytest.approx(run.summary["h2d_mb_per_step"])
+        assert sync["transfer_wait_share"] > 0
+        assert ovl["ms_per_token_mean"] <= sync["ms_per_token_mean"]
