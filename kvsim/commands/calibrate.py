@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
 
         from kvsim.commands.trace import expand_inputs
         from kvsim.trace.heads import write_heads
-        from tracer.backbones import BackboneError, LoadOptions, PromptSpec
+        from tracer.backbones import BackboneError, LoadOptions, PromptSpec, resolve_model
         from tracer.batch import ALIGNERS, BatchConfig
         from tracer.calibrate import CalibrationConfig, calibrate_inputs
         from tracer.run import TraceOptions
@@ -54,6 +54,11 @@ def register(app: typer.Typer) -> None:
                                      param_hint="--aligner")
         if teacher not in ("greedy", "reference"):
             raise typer.BadParameter("must be greedy or reference", param_hint="--teacher")
+        try:
+            resolve_model(model)
+        except BackboneError as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from None
         files = expand_inputs(inputs)
         if not files:
             console.print("[red]error:[/] no audio inputs found")

@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         """Trace INPUTS with a real backbone: one *.kvtrace per input."""
         from rich.console import Console
 
-        from tracer.backbones import BackboneError, LoadOptions, PromptSpec
+        from tracer.backbones import BackboneError, LoadOptions, PromptSpec, resolve_model
         from tracer.backbones.base import TASKS
         from tracer.batch import ALIGNERS, BatchConfig, run_batch, summary_table
         from tracer.run import TraceOptions
@@ -76,6 +76,11 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("must be float16 or float32", param_hint="--store-dtype")
         if reference is not None and not reference.exists():
             raise typer.BadParameter(f"{reference}: not found", param_hint="--reference")
+        try:
+            resolve_model(model)
+        except BackboneError as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from None
         files = expand_inputs(inputs)
         if not files:
             console.print("[red]error:[/] no audio inputs found")

@@ -59,20 +59,23 @@ def _class_for(family: str) -> type[Backbone]:
     raise BackboneError(f"unknown model family {family!r}")
 
 
+def resolve_model(model: str) -> tuple[str, str | None, str]:
+    """(family, path or hub id, display name) of ``--model``, without loading anything."""
+    if model in MODEL_ALIASES:
+        family, path = MODEL_ALIASES[model]
+        return family, path, model
+    path = resolve_path(model)
+    if not Path(path).exists():
+        raise BackboneError(
+            f"--model {model}: not a known name ({', '.join(MODEL_ALIASES)}) nor a directory"
+        )
+    return family_of(path), path, Path(path).name
+
+
 def load_backbone(model: str, options: LoadOptions | None = None) -> Backbone:
     """Resolve ``model`` (a short name, a hub id or a local checkpoint directory) and load it."""
     options = options or LoadOptions()
-    if model in MODEL_ALIASES:
-        family, path = MODEL_ALIASES[model]
-        name = model
-    else:
-        path = resolve_path(model)
-        if not Path(path).exists():
-            raise BackboneError(
-                f"--model {model}: not a known name ({', '.join(MODEL_ALIASES)}) nor a directory"
-            )
-        family = family_of(path)
-        name = Path(path).name
+    family, path, name = resolve_model(model)
     cls = _class_for(family)
     try:
         return cls(name, path, options)
@@ -87,4 +90,4 @@ def load_backbone(model: str, options: LoadOptions | None = None) -> Backbone:
         raise BackboneError(f"cannot load {path}: {str(exc).splitlines()[0]}") from None
 
 
-__all__ = ["Backbone", "BackboneError", "LoadOptions", "Prepared", "PromptSpec", "load_backbone"]
+__all__ = ["Backbone", "BackboneError", "LoadOptions", "Prepared", "PromptSpec", "load_backbone", "resolve_model"]
