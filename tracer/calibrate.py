@@ -145,7 +145,9 @@ def answer_losses(backbone: Backbone, prepared: Prepared, answer: list[int],
     with recording(rec):
         out = backbone.model(**inputs, use_cache=False)
     n0 = prepared.n_prompt
-    logits = out.logits[0, n0 - 1: n0 - 1 + len(answer)].float()
+    logits = out.logits[0, n0 - 1: n0 - 1 + len(answer)]
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
     return torch.nn.functional.cross_entropy(logits, ids[0, n0:], reduction="none")
 
 
@@ -169,7 +171,7 @@ def key_gradients(backbone: Backbone, prepared: Prepared, answer: list[int],
             losses = answer_losses(backbone, prepared, answer, hook)
             for t in range(len(answer)):
                 grads = torch.autograd.grad(losses[t], deltas, retain_graph=t < len(answer) - 1)
-                yield t, [g[0].float() for g in grads]
+                yield t, [g[0] if g.dtype == torch.float64 else g[0].float() for g in grads]
     finally:
         for p, w in zip(backbone.model.parameters(), was, strict=True):
             p.requires_grad_(w)
