@@ -133,11 +133,11 @@ def token_words(decode: Callable[[list[int]], str], tokens: Sequence[int]) -> tu
         added = cur[k:]
         lead = len(added) - len(added.lstrip())
         owner.append(None)
-        if added.strip():
-            c = k + lead
+        if added:
+            c = k + lead  # first non-space character, or the end of the added whitespace
             for w, (a, b) in enumerate(spans):
-                if a <= c < b:
-                    owner[-1] = w
+                if c < b:
+                    owner[-1] = w if added.strip() or c <= a else None
                     break
         prev = cur
     return words, owner
@@ -163,12 +163,34 @@ def match_words(hyp: list[str], timed: list[WordTiming]) -> list[WordTiming | No
             for k in range(i2 - i1):
                 t = timed[j1 + k]
                 out[i1 + k] = WordTiming(hyp[i1 + k], t.start, t.end, t.confidence)
-        elif op == "replace" and i2 - i1 == j2 - j1:
-            for k in range(i2 - i1):
-                t = timed[j1 + k]
-                sim = difflib.SequenceMatcher(a=a[i1 + k], b=b[j1 + k]).ratio()
-                out[i1 + k] = WordTiming(hyp[i1 + k], t.start, t.end, t.confidence * sim)
+        elif op == "replace":
+            for i, j, sim in _pair_block(a[i1:i2], b[j1:j2]):
+                t = timed[j1 + j]
+                out[i1 + i] = WordTiming(hyp[i1 + i], t.start, t.end, t.confidence * sim)
     return out
+
+
+def _pair_block(a: list[str], b: list[str], min_sim: float = 0.5) -> list[tuple[int, int, float]]:
+    """Monotone pairing of substituted words maximising the summed character similarity
+    (pairs below ``min_sim`` are left unmatched: insertions/deletions)."""
+    sim = np.array([[difflib.SequenceMatcher(a=x, b=y).ratio() for y in b] for x in a])
+    sim[sim < min_sim] = 0.0
+    n, m = sim.shape
+    best = np.zeros((n + 1, m + 1))
+    for i in range(n):
+        for j in range(m):
+            best[i + 1, j + 1] = max(best[i, j] + sim[i, j], best[i, j + 1], best[i + 1, j])
+    pairs = []
+    i, j = n, m
+    while i > 0 and j > 0:
+        if sim[i - 1, j - 1] > 0 and best[i, j] == best[i - 1, j - 1] + sim[i - 1, j - 1]:
+            pairs.append((i - 1, j - 1, float(sim[i - 1, j - 1])))
+            i, j = i - 1, j - 1
+        elif best[i, j] == best[i - 1, j]:
+            i -= 1
+        else:
+            j -= 1
+    return pairs[::-1]
 
 
 def align_tokens(decode: Callable[[list[int]], str], tokens: Sequence[int],
