@@ -30,6 +30,7 @@ class TraceOptions:
     max_new_tokens: int = 256
     store_values: bool = False
     storage_dtype: str = "float16"  #: float16 or float32 (float16 falls back to float32 on overflow)
+    min_new_tokens: int = 0  #: benchmarks: force a fixed answer length
     prompt: PromptSpec = field(default_factory=PromptSpec)
 
 
@@ -73,7 +74,10 @@ def generate_traced(backbone: Backbone, prepared: Prepared, options: TraceOption
                    on_step=step)
     t0 = time.perf_counter()
     with torch.no_grad(), recording(rec):
-        out = backbone.model.generate(**prepared.inputs, **greedy_kwargs(options.max_new_tokens))
+        kw = greedy_kwargs(options.max_new_tokens)
+        if options.min_new_tokens:
+            kw["min_new_tokens"] = options.min_new_tokens
+        out = backbone.model.generate(**prepared.inputs, **kw)
     _sync(backbone)
     total = time.perf_counter() - t0
     tokens = out[0, prepared.n_prompt:].tolist()
