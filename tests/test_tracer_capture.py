@@ -175,3 +175,27 @@ def test_long_audio_is_not_truncated(kind, tmp_path_factory):
         assert tr.n_audio == 750 and tr.meta.audio["n_chunks"] == 2
     else:
         assert abs(tr.n_audio - 35 * 25) <= 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_translate_prompt_and_position_kinds(kind, tmp_path_factory):
+    """--task translate builds the chat prompt with the instruction after the audio; the
+    observation window then holds text positions; system turns/special tokens are 'system'."""
+    ckpt = tiny_checkpoint(kind, tmp_path_factory.getbasetemp())
+    d = tmp_path_factory.mktemp(f"tr-{kind}")
+    wav = write_tone(d / "x.wav", 2.0)
+    res = CliRunner().invoke(app, ["trace", str(wav), "--model", str(ckpt), "--out", str(d / "t"),
+                                   "--task", "translate", "--language", "fr",
+                                   "--max-new-tokens", "2", "--aligner", "none"])
+    assert res.exit_code == 0, res.output
+    tr = validate_trace(d / "t" / "x.kvtrace")
+    assert "French" in tr.meta.prompt
+    kinds = tr.positions["kind"].to_numpy()
+    window = tr.window_positions
+    assert (kinds[window] == "text").any()
+    assert kinds[0] == "system"
+    if kind == "qwen-omni":  # the whole system turn
+        assert tr.meta.prompt.startswith("<|im_start|>system")
+        first_user = tr.meta.prompt.index("<|im_start|>user")
+        assert (kinds[:3] == "system").all() and first_user > 0
+    assert tr.meta.provenance["task"] == "translate"

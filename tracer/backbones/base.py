@@ -175,6 +175,18 @@ class Backbone(ABC):
                 out.append("text")
         return out
 
+    def chatml_system_end(self, ids: np.ndarray) -> int:
+        """End of a leading ChatML system turn (``<|im_start|>system ... <|im_end|>`` and the
+        newline after it), 0 when the prompt has none."""
+        tok = self.tokenizer
+        im_end = tok.convert_tokens_to_ids("<|im_end|>")
+        head = self.decode(ids[:16], skip_special=False).replace("<|im_start|>", "").lstrip()
+        if head.startswith("system"):
+            hits = np.flatnonzero(ids == im_end)
+            if len(hits):
+                return int(hits[0]) + 2
+        return 0
+
     def special_ids(self) -> list[int]:
         tok = self.tokenizer
         ids = getattr(tok, "all_special_ids", None)

@@ -154,19 +154,9 @@ class QwenOmniBackbone(Backbone):
             inputs=batch,
             input_ids=ids,
             prompt_text=self.decode(ids, skip_special=False),
-            kinds=self.kinds_for(ids, system_until=self._system_end(ids)),
+            kinds=self.kinds_for(ids, system_until=self.chatml_system_end(ids)),
             audio_positions=audio_pos,
             audio_start_s=start,
             audio_end_s=end,
             audio={"feature_frames": int(inputs["feature_attention_mask"].sum())},
         )
-
-    def _system_end(self, ids: np.ndarray) -> int:
-        """Positions of the leading system message (through its ``<|im_end|>`` and newline)."""
-        tok = self.tokenizer
-        im_end = tok.convert_tokens_to_ids("<|im_end|>")
-        if self.decode(ids[:3], skip_special=False).replace("<|im_start|>", "").startswith("system"):
-            hits = np.flatnonzero(ids == im_end)
-            if len(hits):
-                return int(hits[0]) + 2
-        return 0
