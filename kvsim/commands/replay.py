@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -13,7 +14,7 @@ from rich.console import Console
 
 from kvsim.specs import default_trace_dir, parse_budgets, parse_policies
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 
 
 def _replay_one(path: str, specs: list, cfg: object) -> tuple[list, list[str]]:
@@ -65,7 +66,9 @@ def replay(
     t0 = time.perf_counter()
     results, errors = [], []
     if jobs > 1 and len(paths) > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        # spawn, not fork: forking a process that runs polars' thread pool can deadlock
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
             for res, errs in pool.map(_replay_one, map(str, paths), [specs] * len(paths), [cfg] * len(paths)):
                 results += res
                 errors += errs

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def info(trace: Annotated[Path, typer.Argument(help="A *.kvtrace directory")]) -> None:
@@ -55,7 +55,7 @@ def validate(traces: Annotated[list[Path], typer.Argument(help="Trace directorie
     from kvsim.trace.validate import validate_trace
 
     bad = 0
-    out = Console()
+    out = Console(soft_wrap=True)
     candidates: list[Path] = []
     for p in traces:
         if p.is_dir() and not (p / "meta.json").exists() and p.suffix != ".kvtrace":

@@ -91,6 +91,7 @@ class RunResult:
     step_log: pl.DataFrame
     facts: RunFacts
     per_head_recall: np.ndarray  #: (L, H_q) mean audio-mass recall over steps
+    policy: Policy | None = None  #: the policy object after the run (for inspection)
     tiers: list[np.ndarray] | None = None
 
 
@@ -413,7 +414,7 @@ class Replayer:
         )
         return RunResult(
             trace=self.trace.name, spec=run.spec, summary=summary, step_log=log, facts=facts,
-            per_head_recall=run.recall_sum / n, tiers=run.history,
+            per_head_recall=run.recall_sum / n, policy=run.policy, tiers=run.history,
         )
 
 
