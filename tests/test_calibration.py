@@ -203,3 +203,27 @@ def test_calibrate_command_matches_library(tmp_path_factory):
     gen = generate_traced(bb, prep, TraceOptions(max_new_tokens=4))
     expect = sample_sensitivity(bb, prep, gen.tokens[: CalibrationConfig().max_tokens])
     np.testing.assert_allclose(heads.sensitivity, expect, rtol=1e-5)
+
+
+def test_calibrate_teacher_reference_and_ranking(tmp_path_factory):
+    ckpt = tiny_checkpoint("voxtral", tmp_path_factory.getbasetemp())
+    d = tmp_path_factory.mktemp("ref")
+    wav = write_tone(d / "r.wav", 2.0)
+    (d / "r.txt").write_text("then the other one\n")
+    res = CliRunner().invoke(app, ["calibrate", str(wav), "--model", str(ckpt), "--out",
+                                   str(d / "h.json"), "--max-new-tokens", "3", "--aligner",
+                                   "none", "--teacher", "reference"])
+    assert res.exit_code == 0, res.output
+    assert "VS x HS" in res.output
+    raw = json.loads((d / "h.json").read_text())
+    assert raw["provenance"]["teacher"] == "reference"
+    bb = load_backbone(str(ckpt))
+    prep = bb.prepare(load_audio(wav, bb.sample_rate), PromptSpec())
+    ref = bb.tokenizer.encode("then the other one", add_special_tokens=False) + [2]
+    np.testing.assert_allclose(read_heads(d / "h.json").sensitivity,
+                               sample_sensitivity(bb, prep, ref), rtol=1e-5)
+    heads = read_heads(d / "h.json")
+    rank = raw["provenance"]["ranking_vs_x_hs"]
+    assert sorted(map(tuple, rank)) == [(i, j) for i in range(2) for j in range(2)]
+    imp = [heads.importance[i, j] for i, j in rank]
+    assert imp == sorted(imp, reverse=True)

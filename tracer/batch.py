@@ -104,6 +104,15 @@ class Tracer:
         transcript = transcript or find_sidecar(audio, ref, TRANSCRIPT_SUFFIXES)
         return align, transcript
 
+    def references(self, audio: Path, single: bool) -> tuple[Path | None, str | None]:
+        """(word alignment file, reference text) for ``audio``; the text falls back to the
+        alignment's words."""
+        align_file, transcript = self._reference_files(audio, single)
+        text = transcript.read_text().strip() if transcript else None
+        if text is None and align_file is not None:
+            text = " ".join(w.word for w in load_word_times(align_file))
+        return align_file, text
+
     def _whisper_aligner(self) -> WhisperAligner | None:
         if self._whisper is None and self._whisper_error is None:
             try:
@@ -136,10 +145,7 @@ class Tracer:
         bb = self.backbone
         clip = load_audio(audio, bb.sample_rate)
         bb.check_length(clip, self.cfg.options.max_new_tokens)
-        align_file, transcript = self._reference_files(audio, single)
-        reference_text = transcript.read_text().strip() if transcript else None
-        if reference_text is None and align_file is not None:
-            reference_text = " ".join(w.word for w in load_word_times(align_file))
+        align_file, reference_text = self.references(audio, single)
         prepared = bb.prepare(clip, self.cfg.options.prompt)
         gen = generate_traced(bb, prepared, self.cfg.options, on_step)
         alignment = self.align(clip, gen.tokens, align_file)

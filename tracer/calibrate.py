@@ -213,10 +213,21 @@ class ScoreAccumulator:
         return HeadScores(vs, np.mean(self.sens, axis=0), source=source)
 
     def provenance(self, cfg: CalibrationConfig, rate: float) -> dict[str, Any]:
+        scores = self.result("")
         return {"method": "WnW Appendix E", "top_k": cfg.top_k or default_top_k(rate),
                 "min_confidence": cfg.min_confidence, "teacher": cfg.teacher,
                 "max_tokens": cfg.max_tokens, "n_samples_voice": len(self.voice),
-                "n_samples_sensitivity": len(self.sens)}
+                "n_samples_sensitivity": len(self.sens),
+                "ranking_vs_x_hs": ranking(scores)}
+
+
+def ranking(scores: HeadScores) -> list[list[int]]:
+    """KV-heads as [layer, head], most important first by VS x HS (ties: by HS)."""
+    imp = scores.importance.ravel()
+    hs = scores.sensitivity.ravel()
+    order = np.lexsort((-hs, -imp))
+    n_kv = scores.voice_score.shape[1]
+    return [[int(i // n_kv), int(i % n_kv)] for i in order]
 
 
 def teacher_tokens(backbone: Backbone, generated: list[int], reference: str | None,
@@ -252,19 +263,29 @@ def calibrate_into_traces(results: list, batch_cfg: Any, cfg: CalibrationConfig,
 
     tracer = Tracer(batch_cfg, console)
     bb = tracer.backbone
+    used = []
     for r in good:
         trace = Trace(r.trace)
         m = trace.meta.model
         acc = acc or ScoreAccumulator(m.n_layers, m.n_q_heads, m.n_kv_heads)
+        try:
+            clip = load_audio(r.path, bb.sample_rate)
+            prepared = bb.prepare(clip, batch_cfg.options.prompt)
+            gen_tokens = trace.meta.provenance.get("generation", {}).get("token_ids") or []
+            answer = teacher_tokens(bb, gen_tokens, trace.meta.reference_text, cfg)
+            hs = sample_sensitivity(bb, prepared, answer)
+        except (ValueError, OSError) as exc:
+            console.print(f"[yellow]calibration skipped[/] {r.path}: {exc}")
+            continue
         vs = trace_voice_score(trace, cfg)
         if vs is not None:
             acc.voice.append(vs)
-        clip = load_audio(r.path, bb.sample_rate)
-        prepared = bb.prepare(clip, batch_cfg.options.prompt)
-        gen_tokens = trace.meta.provenance.get("generation", {}).get("token_ids") or []
-        answer = teacher_tokens(bb, gen_tokens, trace.meta.reference_text, cfg)
-        acc.sens.append(sample_sensitivity(bb, prepared, answer))
-    assert acc is not None
+        acc.sens.append(hs)
+        used.append(r)
+    if acc is None or not acc.sens:
+        console.print("[yellow]no input could be used for calibration[/]")
+        return None
+    good = used
     scores = acc.result(f"kvsim trace --calibrate ({len(good)} inputs)")
     prov = acc.provenance(cfg, bb.audio_tokens_per_s)
     write_heads(Path(batch_cfg.out_dir) / "heads.json", scores, bb.name, prov)
@@ -310,8 +331,7 @@ def calibrate_inputs(inputs: list[Path], batch_cfg: Any, cfg: CalibrationConfig,
             try:
                 clip = load_audio(audio, bb.sample_rate)
                 bb.check_length(clip, batch_cfg.options.max_new_tokens)
-                align_file, transcript = tracer._reference_files(audio, len(inputs) == 1)
-                reference = transcript.read_text().strip() if transcript else None
+                align_file, reference = tracer.references(audio, len(inputs) == 1)
                 prepared = bb.prepare(clip, batch_cfg.options.prompt)
                 gen = generate_traced(bb, prepared, batch_cfg.options)
                 alignment = tracer.align(clip, gen.tokens, align_file)

@@ -84,6 +84,15 @@ def register(app: typer.Typer) -> None:
             f"({run.provenance['n_samples_voice']} with aligned tokens); "
             f"VS mean {vs.mean():.3f}, HS mean {hs.mean():.3g}; "
             f"{time.perf_counter() - t0:.1f} s")
+        from rich.table import Table
+
+        table = Table(title="most important KV-heads (VS x HS)")
+        for col in ("rank", "layer", "kv-head", "VS", "HS", "VS x HS"):
+            table.add_column(col, justify="right")
+        for i, (layer, head) in enumerate(run.provenance["ranking_vs_x_hs"][:10]):
+            table.add_row(str(i + 1), str(layer), str(head), f"{vs[layer, head]:.3f}",
+                          f"{hs[layer, head]:.3g}", f"{vs[layer, head] * hs[layer, head]:.3g}")
+        console.print(table)
         for path, reason in run.failures:
             console.print(f"[red]failed[/] {path}: {reason}")
         if run.failures:

@@ -175,6 +175,22 @@ class Backbone(ABC):
                 out.append("text")
         return out
 
+    def prompt_text(self, ids: np.ndarray) -> str:
+        """The prompt as the model saw it (special tokens kept), each run of audio placeholders
+        written once with its count, e.g. ``[AUDIO]*375``."""
+        audio = ids == self.audio_token_id
+        out, i = [], 0
+        while i < len(ids):
+            j = i
+            while j < len(ids) and audio[j] == audio[i]:
+                j += 1
+            if audio[i]:
+                out.append(f"{self.decode(ids[i:i + 1], skip_special=False)}*{j - i}")
+            else:
+                out.append(self.decode(ids[i:j], skip_special=False))
+            i = j
+        return "".join(out)
+
     def chatml_system_end(self, ids: np.ndarray) -> int:
         """End of a leading ChatML system turn (``<|im_start|>system ... <|im_end|>`` and the
         newline after it), 0 when the prompt has none."""

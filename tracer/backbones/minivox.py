@@ -53,7 +53,7 @@ class MinivoxBackbone(Backbone):
         n_chunks = int(inputs["input_features"].shape[0])
         start, end = self.time_grid(len(audio_pos))
         return Prepared(
-            inputs=batch, input_ids=ids, prompt_text=self.decode(ids, skip_special=False),
+            inputs=batch, input_ids=ids, prompt_text=self.prompt_text(ids),
             kinds=self.kinds_for(ids, system_until=self.chatml_system_end(ids)),
             audio_positions=audio_pos, audio_start_s=start, audio_end_s=end,
             audio={"n_chunks": n_chunks, "chunk_s": CHUNK_S,

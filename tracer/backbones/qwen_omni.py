@@ -153,7 +153,7 @@ class QwenOmniBackbone(Backbone):
         return Prepared(
             inputs=batch,
             input_ids=ids,
-            prompt_text=self.decode(ids, skip_special=False),
+            prompt_text=self.prompt_text(ids),
             kinds=self.kinds_for(ids, system_until=self.chatml_system_end(ids)),
             audio_positions=audio_pos,
             audio_start_s=start,

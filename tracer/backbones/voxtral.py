@@ -89,7 +89,7 @@ class VoxtralBackbone(Backbone):
         return Prepared(
             inputs=batch,
             input_ids=ids,
-            prompt_text=self.decode(ids, skip_special=False),
+            prompt_text=self.prompt_text(ids),
             kinds=self.kinds_for(ids),
             audio_positions=audio_pos,
             audio_start_s=start,
