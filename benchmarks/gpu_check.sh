@@ -84,6 +84,22 @@ for kind in kinds:
         ok &= verdict == "PASS"
         print(f"[{kind} {dtype}] tokens identical to plain sdpa: {same}; to eager: {eager_same}; "
               f"max |attention(trace) - eager| = {worst:.2e}; {verdict} ({time.time() - t0:.1f} s)")
+# Qwen-Omni: the real Qwen2_5OmniProcessor (torchvision is on the GPU image) against the
+# audio-only fallback used where torchvision is missing, on 35 s (no 30 s truncation).
+from tracer.backbones.qwen_omni import OmniAudioProcessor
+ck = str(tiny_checkpoint("qwen-omni", tmp))
+bb = load_backbone(ck, LoadOptions(device=DEVICE))
+clip35 = load_audio(write_tone(tmp / "long.wav", 35.0), bb.sample_rate)
+p_real = bb.prepare(clip35, PromptSpec())
+note = bb.processor_note
+bb.processor = OmniAudioProcessor(ck)
+p_fb = bb.prepare(clip35, PromptSpec())
+same = bool(np.array_equal(p_real.input_ids, p_fb.input_ids) and torch.allclose(
+    p_real.inputs["input_features"].float().cpu(), p_fb.inputs["input_features"].float().cpu()))
+n35 = len(p_real.audio_positions)
+print(f"[qwen-omni processor] {note}: {n35} audio tokens for 35 s (expect 875); "
+      f"fallback prompt and features identical: {same}")
+ok &= abs(n35 - 875) <= 1 and same
 print("EXACTNESS", "PASS" if ok else "FAIL")
 PY
 python3 benchmarks/trace_overhead.py --device "${DEVICE:-cuda}" --dtype bfloat16 --repeats 5 2>&1 \

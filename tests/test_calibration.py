@@ -178,6 +178,8 @@ def test_trace_calibrate_with_reference_alignment(tmp_path_factory):
     for w in wavs:
         tr = Trace(out / f"{w.stem}.kvtrace")
         assert tr.meta.has_head_scores
+        assert tr.meta.reference_text == tr.meta.generated_text.strip()  # from the .words.json
+        assert tr.meta.provenance["alignment"]["source"] == "reference"
         np.testing.assert_allclose(tr.head_scores.voice_score, heads.voice_score)
         gen = tr.positions.slice(tr.meta.n_prefill, tr.meta.n_decode)
         assert (gen["word_confidence"].drop_nulls() == 1.0).all()

@@ -103,3 +103,13 @@ def test_missing_model_is_one_line_error(tmp_path):
     assert res.exit_code == 2
     assert "not a known name" in " ".join(res.output.split())
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("opt", [["--device", "cuda:7"], ["--dtype", "float8"]])
+def test_bad_device_or_dtype_is_one_line_error(ckpt, tmp_path, opt):
+    wav = write_tone(tmp_path / "a.wav", 1.0)
+    res = CliRunner().invoke(app, ["trace", str(wav), "--model", str(ckpt), "--out",
+                                   str(tmp_path / "o"), *opt])
+    assert res.exit_code == 2
+    text = " ".join(res.output.split())
+    assert ("--device" in text or "--dtype" in text) and "Traceback" not in text

@@ -54,9 +54,12 @@ def register(app: typer.Typer) -> None:
                                      param_hint="--aligner")
         if teacher not in ("greedy", "reference"):
             raise typer.BadParameter("must be greedy or reference", param_hint="--teacher")
+        from tracer.backbones.base import check_device_dtype
+
         try:
             resolve_model(model)
-        except BackboneError as exc:
+            check_device_dtype(device, dtype)
+        except (BackboneError, ValueError) as exc:
             console.print(f"[red]error:[/] {exc}")
             raise typer.Exit(2) from None
         files = expand_inputs(inputs)

@@ -76,9 +76,12 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("must be float16 or float32", param_hint="--store-dtype")
         if reference is not None and not reference.exists():
             raise typer.BadParameter(f"{reference}: not found", param_hint="--reference")
+        from tracer.backbones.base import check_device_dtype
+
         try:
             resolve_model(model)
-        except BackboneError as exc:
+            check_device_dtype(device, dtype)
+        except (BackboneError, ValueError) as exc:
             console.print(f"[red]error:[/] {exc}")
             raise typer.Exit(2) from None
         files = expand_inputs(inputs)

@@ -228,6 +228,19 @@ class Backbone(ABC):
         return i / self.audio_tokens_per_s, (i + 1) / self.audio_tokens_per_s
 
 
+def check_device_dtype(device: str, dtype: str) -> None:
+    """Fail early, in one line, on a device or dtype this machine cannot use."""
+    torch_dtype(dtype)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device: unknown device {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
+
+
 def resolve_path(path: str) -> str:
     """A local directory as is; anything else is taken as a hub id."""
     p = Path(path).expanduser()
