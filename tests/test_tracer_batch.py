@@ -32,6 +32,9 @@ def test_bad_inputs_reported_rest_complete(ckpt, tmp_path):
     d.mkdir()
     write_tone(d / "good1.wav", 2.0)
     write_tone(d / "good2.flac", 1.5, rate=44100, channels=2)
+    x = np.sin(np.arange(24000) / 7.0).astype(np.float32) * 0.3
+    sf.write(str(d / "good3.ogg"), x, 24000, format="OGG", subtype="VORBIS")
+    sf.write(str(d / "good4.mp3"), x, 24000)
     sf.write(str(d / "empty.wav"), np.zeros(0, np.float32), 16000)
     sf.write(str(d / "silent.wav"), np.zeros(16000, np.float32), 16000)
     (d / "garbage.mp3").write_bytes(b"\x00\x01 definitely not audio" * 10)
@@ -45,11 +48,14 @@ def test_bad_inputs_reported_rest_complete(ckpt, tmp_path):
     assert "silent audio" in text
     assert "unreadable audio" in text
     assert "too long" in text
-    assert "2 traced" in text and "4 failed" in text
+    assert "4 traced" in text and "4 failed" in text
     made = sorted(p.name for p in out.glob("*.kvtrace"))
-    assert made == ["good1.kvtrace", "good2.kvtrace"]
+    assert made == ["good1.kvtrace", "good2.kvtrace", "good3.kvtrace", "good4.kvtrace"]
     for p in made:
         validate_trace(out / p)
+    flac = validate_trace(out / "good2.kvtrace").meta.audio
+    assert flac["source_sample_rate"] == 44100 and flac["source_channels"] == 2
+    assert flac["sample_rate"] == 16000 and flac["duration_s"] == pytest.approx(1.5, abs=1e-3)
     assert not list(out.glob("*.tmp-*"))
 
 
