@@ -119,3 +119,16 @@ def test_bad_device_or_dtype_is_one_line_error(ckpt, tmp_path, opt):
     assert res.exit_code == 2
     text = " ".join(res.output.split())
     assert ("--device" in text or "--dtype" in text) and "Traceback" not in text
+
+
+def test_single_token_answer_has_no_decode_step(ckpt, tmp_path):
+    """One generated token: nothing is fed back, the trace holds the prompt only."""
+    wav = write_tone(tmp_path / "a.wav", 1.0)
+    res = CliRunner().invoke(app, ["trace", str(wav), "--model", str(ckpt), "--out",
+                                   str(tmp_path / "o"), "--max-new-tokens", "1",
+                                   "--aligner", "none"])
+    assert res.exit_code == 0, res.output
+    tr = validate_trace(tmp_path / "o" / "a.kvtrace")
+    assert tr.meta.n_decode == 0 and tr.meta.n_positions == tr.meta.n_prefill
+    assert tr.query_positions[-1] == tr.meta.n_prefill - 1
+    assert len(tr.meta.provenance["generation"]["token_ids"]) == 1
