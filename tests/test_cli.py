@@ -60,3 +60,20 @@ def test_info_synth_policies_mismatch(tmp_path: Path) -> None:
     assert res.exit_code == 0 and "0.479" in res.output
     res = runner.invoke(app, ["synth", str(tmp_path / "x.kvtrace"), "--preset", "nope"])
     assert res.exit_code == 2 and "unknown backbone shape" in res.output
+
+
+def test_replay_with_simulation(tmp_path: Path) -> None:
+    make_trace(tmp_path / "m.kvtrace", preset="minivox", seconds=6, steps=5, seed=1)
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["replay", str(tmp_path / "m.kvtrace"), "-p", "full,streaming", "-o", str(out),
+                              "--simulate", "h100-sxm", "--sim-mode", "sync"])
+    assert res.exit_code == 0, res.output
+    sim = pl.read_parquet(out / "sim_results.parquet")
+    assert sim.height == 2 and set(sim["sim_mode"]) == {"sync"}
+    full = sim.filter(pl.col("policy") == "full")
+    stream = sim.filter(pl.col("policy") == "streaming")
+    # evicting 80% of the audio KV lowers the predicted peak GPU memory
+    assert stream["peak_gpu_bytes"][0] < full["peak_gpu_bytes"][0]
+    res = runner.invoke(app, ["replay", str(tmp_path / "m.kvtrace"), "-p", "full", "-o", str(out),
+                              "--simulate", "nope"])
+    assert res.exit_code == 2 and "unknown gpu preset" in res.output

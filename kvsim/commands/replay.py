@@ -40,6 +40,8 @@ def replay(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory")] = Path("runs/replay"),
     calibration: Annotated[Path | None, typer.Option(help="heads.json calibration file (WnW, AudioKV)")] = None,
     plot: Annotated[bool, typer.Option("--plot", help="Write recall-vs-r_GPU chart (HTML + PNG)")] = False,
+    simulate: Annotated[str | None, typer.Option("--simulate", help="GPU preset (a100-80gb, h100-sxm, h200): also predict ms/token, memory and transfer wait of every run with the SimPy model")] = None,
+    sim_mode: Annotated[str, typer.Option(help="Simulator recall modes with --simulate, comma-separated (sync, overlap, coalesced, ...)")] = "sync,overlap",
     topk: Annotated[int, typer.Option(help="K of the top-K Jaccard metric")] = 100,
     error_stride: Annotated[int, typer.Option(help="Output error sampled every N steps (needs values; 1 = every step)")] = 8,
     max_steps: Annotated[int | None, typer.Option(help="Replay only the first N decode steps")] = None,
@@ -84,6 +86,8 @@ def replay(
         raise typer.Exit(1)
     frame = write_outputs(out, results)
     print_table(frame, Console())
+    if simulate:
+        _simulate(results, out, simulate, sim_mode)
     if plot:
         from kvsim.plots import recall_vs_rgpu, save_chart
 
@@ -92,6 +96,22 @@ def replay(
     console.print(f"{len(results)} runs over {len(paths)} traces in {time.perf_counter() - t0:.1f}s -> {out}/results.parquet")
     if errors:
         sys.exit(1)
+
+
+def _simulate(results: list, out: Path, gpu: str, modes: str) -> None:
+    """Feed every run's step log to the hardware simulator; write sim_results.parquet."""
+    from kvsim.results import print_sim_table
+    from kvsim.sim import simulate_runs
+    from kvsim.trace.atomic import atomic_file
+
+    try:
+        sim = simulate_runs(results, gpu=gpu, modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
+    except (KeyError, ValueError) as exc:  # unknown preset or mode: one line, results kept
+        console.print(f"[red]error:[/] --simulate: {exc}")
+        raise typer.Exit(2) from None
+    with atomic_file(out / "sim_results.parquet") as tmp:
+        sim.write_parquet(tmp)
+    print_sim_table(sim, Console(), title=f"simulated on {gpu}")
 
 
 def register(app: typer.Typer) -> None:
