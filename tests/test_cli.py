@@ -77,3 +77,18 @@ def test_replay_with_simulation(tmp_path: Path) -> None:
     res = runner.invoke(app, ["replay", str(tmp_path / "m.kvtrace"), "-p", "full", "-o", str(out),
                               "--simulate", "nope"])
     assert res.exit_code == 2 and "unknown gpu preset" in res.output
+
+
+def test_replay_on_ray_matches_local(tmp_path: Path) -> None:
+    pytest = __import__("pytest")
+    ray = pytest.importorskip("ray")
+    make_trace(tmp_path / "tr" / "a.kvtrace", seed=1)
+    make_trace(tmp_path / "tr" / "b.kvtrace", seed=2)
+    local = runner.invoke(app, ["replay", str(tmp_path / "tr"), "-p", "snapkv", "-o", str(tmp_path / "l")])
+    remote = runner.invoke(app, ["replay", str(tmp_path / "tr"), "-p", "snapkv", "-o", str(tmp_path / "r"),
+                                 "--ray", "local"])
+    assert local.exit_code == 0 and remote.exit_code == 0, remote.output
+    a = pl.read_parquet(tmp_path / "l" / "results.parquet").sort("trace").drop("policy_seconds")
+    b = pl.read_parquet(tmp_path / "r" / "results.parquet").sort("trace").drop("policy_seconds")
+    assert a.equals(b)
+    ray.shutdown()

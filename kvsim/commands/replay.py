@@ -46,6 +46,7 @@ def replay(
     error_stride: Annotated[int, typer.Option(help="Output error sampled every N steps (needs values; 1 = every step)")] = 8,
     max_steps: Annotated[int | None, typer.Option(help="Replay only the first N decode steps")] = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Traces replayed in parallel (processes)")] = 1,
+    ray: Annotated[str | None, typer.Option("--ray", help="Replay traces as Ray tasks on a cluster: its address ('auto' for the one `ray start` made, 'local' for a local Ray)")] = None,
 ) -> None:
     """Replay KV-cache policies over traces; write results.parquet, per-step logs and a table."""
     from kvsim.replay.engine import ReplayConfig
@@ -67,7 +68,11 @@ def replay(
     cfg = ReplayConfig(topk=topk, error_stride=error_stride, max_steps=max_steps, head_scores=scores)
     t0 = time.perf_counter()
     results, errors = [], []
-    if jobs > 1 and len(paths) > 1:
+    if ray:
+        for res, errs in _run_on_ray(ray, paths, specs, cfg):
+            results += res
+            errors += errs
+    elif jobs > 1 and len(paths) > 1:
         # spawn, not fork: forking a process that runs polars' thread pool can deadlock
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
@@ -96,6 +101,20 @@ def replay(
     console.print(f"{len(results)} runs over {len(paths)} traces in {time.perf_counter() - t0:.1f}s -> {out}/results.parquet")
     if errors:
         sys.exit(1)
+
+
+def _run_on_ray(address: str, paths: list[Path], specs: list, cfg: object) -> list[tuple[list, list[str]]]:
+    """One Ray task per trace on an existing cluster (or a local Ray with 'local')."""
+    try:
+        import ray
+    except ImportError:
+        console.print("[red]error:[/] --ray needs Ray: pip install 'kvsim[ray]'")
+        raise typer.Exit(2) from None
+    if not ray.is_initialized():
+        ray.init(address=None if address == "local" else address, include_dashboard=False,
+                 log_to_driver=False)
+    task = ray.remote(_replay_one)
+    return ray.get([task.remote(str(p), specs, cfg) for p in paths])
 
 
 def _simulate(results: list, out: Path, gpu: str, modes: str) -> None:
