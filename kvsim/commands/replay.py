@@ -43,7 +43,7 @@ def replay(
     simulate: Annotated[str | None, typer.Option("--simulate", help="GPU preset (a100-80gb, h100-sxm, h200): also predict ms/token, memory and transfer wait of every run with the SimPy model")] = None,
     sim_mode: Annotated[str, typer.Option(help="Simulator recall modes with --simulate, comma-separated (sync, overlap, coalesced, ...)")] = "sync,overlap",
     topk: Annotated[int, typer.Option(help="K of the top-K Jaccard metric")] = 100,
-    error_stride: Annotated[int, typer.Option(help="Output error sampled every N steps (needs values; 1 = every step)")] = 8,
+    error_stride: Annotated[int, typer.Option(help="Output error sampled every N steps (needs values; 1 = every step)")] = 16,
     max_steps: Annotated[int | None, typer.Option(help="Replay only the first N decode steps")] = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Traces replayed in parallel (processes)")] = 1,
     ray: Annotated[str | None, typer.Option("--ray", help="Replay traces as Ray tasks on a cluster: its address ('auto' for the one `ray start` made, 'local' for a local Ray)")] = None,
