@@ -1,0 +1,61 @@
+"""Exact attention recomputed from recorded post-RoPE queries and keys.
+
+softmax(q Kᵀ / √d) with a causal mask and GQA (q-head ``h`` reads KV-head ``h // g``), in
+float32. These are the only attention kernels of the replay engine and of the studies, so a
+test that pins them against a direct recomputation covers both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def gqa_logits(q: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Scaled logits of queries against keys with grouped-query attention.
+
+    Parameters
+    ----------
+    q : (H_q, D) or (H_q, M, D) float32
+    keys : (H_kv, N, D) float32
+
+    Returns
+    -------
+    (H_q, N) or (H_q, M, N) float32 logits ``q·kᵀ/√D``.
+    """
+    h_kv, _, d = keys.shape
+    h_q = q.shape[0]
+    g = h_q // h_kv
+    scale = np.float32(1.0 / np.sqrt(d))
+    if q.ndim == 2:
+        qg = q.reshape(h_kv, g, d)
+        out = np.matmul(qg, keys.transpose(0, 2, 1))  # (H_kv, g, N)
+        return (out * scale).reshape(h_q, -1)
+    m = q.shape[1]
+    qg = q.reshape(h_kv, g * m, d)
+    out = np.matmul(qg, keys.transpose(0, 2, 1))  # (H_kv, g*M, N)
+    return (out * scale).reshape(h_q, m, -1)
+
+
+def softmax_(x: np.ndarray) -> np.ndarray:
+    """In-place numerically stable softmax over the last axis; returns ``x``."""
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
+
+
+def causal_attention(q: np.ndarray, keys: np.ndarray, q_positions: np.ndarray) -> np.ndarray:
+    """Full attention of queries at absolute ``q_positions`` over ``keys[:, :max+1]``.
+
+    Returns (H_q, M, N) probabilities with zeros beyond each query's own position.
+    """
+    n = int(q_positions.max()) + 1
+    logits = gqa_logits(q, keys[:, :n])
+    future = np.arange(n)[None, :] > np.asarray(q_positions)[:, None]  # (M, N)
+    logits[:, future] = -np.inf
+    return softmax_(logits)
+
+
+def as_f32(a: np.ndarray) -> np.ndarray:
+    """A float32 copy (or view if already float32) of a stored tensor."""
+    return np.asarray(a, dtype=np.float32)

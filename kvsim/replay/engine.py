@@ -1,0 +1,481 @@
+"""The replay engine: drive policies over a recorded trace and measure what they keep.
+
+For every decode step and layer the engine computes the full attention once,
+``P = softmax(q Kᵀ/√d)``, and derives from it, for every policy and budget replayed in the
+same run, the attention the compressed model would compute: softmax restricted to the
+non-audio positions plus the GPU-resident audio of each KV-head, which is ``P`` masked and
+renormalised (exactly equal, since softmax over a subset is the renormalised restriction).
+So several policies cost one ``q·Kᵀ`` per step and layer plus cheap masked reductions.
+
+Replay is open loop: the queries are those recorded under the full cache. Live mode
+(closed loop) lives in :mod:`tracer`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from kvsim.replay.attention import as_f32, causal_attention, gqa_logits, softmax_
+from kvsim.replay.steplog import STEP_LOG_COLUMNS, RunFacts
+from kvsim.trace.reader import Trace
+from policies import registry
+from policies.base import HeadScores, MissingCalibrationError, Policy, PolicyContext, Tier
+
+
+class InvariantViolation(AssertionError):
+    """A policy broke a rule of the protocol (DESIGN.md §The policy protocol)."""
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One policy at one budget with hyperparameters."""
+
+    name: str
+    budget: float
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        if not self.params:
+            return self.name
+        inner = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        return f"{self.name}({inner})"
+
+    def make(self) -> Policy:
+        return registry.make(self.name, self.budget, **self.params)
+
+
+@dataclass
+class ReplayConfig:
+    """How to replay.
+
+    Parameters
+    ----------
+    topk : int
+        K of the top-K Jaccard metric (clipped to T_a).
+    error_stride : int
+        Compute the attention-output error on every ``error_stride``-th step (needs values).
+        It costs one ``P·V`` per policy, as much as the shared ``q·Kᵀ``, so by default it is
+        sampled on every 16th step (an unbiased estimate of the per-step mean); 1 = every step.
+    check_invariants : bool
+        Check the protocol invariants at every step (cheap; on by default).
+    record_tiers : bool
+        Keep a copy of the tiers after prefill and after every step (small traces only).
+    head_scores : HeadScores or None
+        Calibration scores overriding those stored in the trace (``--calibration``).
+    max_steps : int or None
+        Replay only the first ``max_steps`` decode steps.
+    seed : int
+        Seed handed to policies (random control).
+    """
+
+    topk: int = 100
+    error_stride: int = 16
+    check_invariants: bool = True
+    record_tiers: bool = False
+    head_scores: HeadScores | None = None
+    max_steps: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class RunResult:
+    """Outcome of one (trace, policy, budget)."""
+
+    trace: str
+    spec: PolicySpec
+    summary: dict[str, Any]
+    step_log: pl.DataFrame
+    facts: RunFacts
+    per_head_recall: np.ndarray  #: (L, H_q) mean audio-mass recall over steps
+    policy: Policy | None = None  #: the policy object after the run (for inspection)
+    tiers: list[np.ndarray] | None = None
+
+
+# ----------------------------------------------------------------------------- views
+class _PrefillView:
+    """Observation-window attention, computed once per layer and shared by all policies."""
+
+    def __init__(self, keys32: list[np.ndarray], trace: Trace, audio: np.ndarray) -> None:
+        self._keys = keys32
+        self._trace = trace
+        self._audio = audio
+        self._window = trace.window_positions
+        self._rows = np.array([trace.query_index(int(p)) for p in self._window], dtype=np.int64)
+        self._cache: dict[int, np.ndarray] = {}
+
+    @property
+    def n_window(self) -> int:
+        return len(self._window)
+
+    def audio_attention(self, layer: int) -> np.ndarray:
+        if layer not in self._cache:
+            q = as_f32(self._trace.queries(layer)[:, self._rows])
+            att = causal_attention(q, self._keys[layer], self._window)
+            self._cache[layer] = np.ascontiguousarray(att[:, :, self._audio])
+        return self._cache[layer]
+
+    def audio_keys(self, layer: int) -> np.ndarray:
+        return self._keys[layer][:, self._audio]
+
+
+@dataclass
+class _StepView:
+    step: int
+    buffer: np.ndarray | None  # (L, H_q, T_a)
+
+    def audio_attention(self, layer: int) -> np.ndarray:
+        if self.buffer is None:
+            raise RuntimeError("policy did not set needs_step_attention = True")
+        return self.buffer[layer]
+
+
+@dataclass
+class _QueryView:
+    step: int
+    layer: int
+    _q: np.ndarray
+    _keys: np.ndarray
+    memo: dict = field(default_factory=dict)  #: shared by every run at this step and layer
+
+    def query(self) -> np.ndarray:
+        return self._q
+
+    def audio_keys(self) -> np.ndarray:
+        return self._keys
+
+
+# ----------------------------------------------------------------------------- run state
+class _Run:
+    """Mutable state of one policy during a replay."""
+
+    def __init__(self, spec: PolicySpec, policy: Policy, ctx: PolicyContext) -> None:
+        self.spec = spec
+        self.policy = policy
+        L, Hq = ctx.heads.n_layers, ctx.heads.n_q_heads
+        self.tiers: np.ndarray | None = None
+        self.gpu: np.ndarray | None = None  # (L, H_kv, T_a) bool
+        self.buffer = (
+            np.zeros((L, Hq, ctx.n_audio), dtype=np.float32) if policy.needs_step_attention else None
+        )
+        # metrics, filled from the engine's batched accumulators when the replay ends
+        self.recall_sum = np.zeros((L, Hq))
+        self.step_recall = np.zeros(0)
+        self.step_jaccard = np.zeros(0)
+        self.err_sum = 0.0
+        self.err_n = 0
+        self.log: dict[str, list[Any]] = {c: [] for c in STEP_LOG_COLUMNS}  # columnar step log
+        self.history: list[np.ndarray] | None = None
+        self.seconds = 0.0
+        self.read_count = 0
+        self.gpuf: np.ndarray | None = None  # (L, H_kv, T_a) float32, a slot of a shared array
+        self.n_res: np.ndarray | None = None  # (L, H_kv) resident audio per KV-head
+
+    def set_tiers(self, tiers: np.ndarray) -> None:
+        """Adopt new tiers and refresh the derived GPU masks used in the inner loop."""
+        self.tiers = tiers.copy()
+        self.gpu = self.tiers == Tier.GPU
+        if self.gpuf is None:
+            self.gpuf = self.gpu.astype(np.float32)
+        else:
+            self.gpuf[...] = self.gpu
+        if self.n_res is None:
+            self.n_res = self.gpu.sum(-1)
+        else:
+            self.n_res[...] = self.gpu.sum(-1)
+        self.n_gpu = int(self.n_res.sum())
+        self.n_cpu = int(np.count_nonzero(self.tiers == Tier.CPU))
+
+
+def _check_tiers(name: str, tiers: np.ndarray, shape: tuple[int, ...]) -> None:
+    if not isinstance(tiers, np.ndarray) or tiers.shape != shape:
+        got = getattr(tiers, "shape", type(tiers).__name__)
+        raise InvariantViolation(f"{name}: tiers must be an array of shape {shape}, got {got}")
+    if tiers.dtype != np.uint8:
+        raise InvariantViolation(f"{name}: tiers dtype must be uint8, got {tiers.dtype}")
+    if tiers.size and tiers.max() > Tier.GPU:
+        raise InvariantViolation(f"{name}: tier values must be GONE/CPU/GPU (0/1/2)")
+
+
+def _runs_per_layer(mask: np.ndarray) -> np.ndarray:
+    """Number of contiguous True runs along the last axis, summed per layer (axis 0)."""
+    starts = mask[..., 1:] & ~mask[..., :-1]
+    return starts.sum(axis=(1, 2)) + mask[..., 0].sum(axis=1)
+
+
+class Replayer:
+    """Replays several policy specs over one trace, sharing the attention computation."""
+
+    def __init__(self, trace: Trace, cfg: ReplayConfig | None = None) -> None:
+        self.trace = trace
+        self.cfg = cfg or ReplayConfig()
+        meta = trace.meta
+        self.heads = trace.head_layout
+        self.audio = trace.audio_positions
+        if len(self.audio) == 0:
+            raise ValueError(f"{trace.path}: trace has no audio positions; nothing to compress")
+        self.n_audio = len(self.audio)
+        self.n_steps = meta.n_decode if self.cfg.max_steps is None else min(meta.n_decode, self.cfg.max_steps)
+        self.keys32 = [as_f32(trace.keys(layer)) for layer in range(self.heads.n_layers)]
+        self.values32 = (
+            [as_f32(trace.values(layer)) for layer in range(self.heads.n_layers)]
+            if meta.has_values else None
+        )
+        lo, hi = int(self.audio[0]), int(self.audio[-1]) + 1
+        self.audio_index: slice | np.ndarray = (
+            slice(lo, hi) if hi - lo == self.n_audio else self.audio
+        )
+        non_audio = np.ones(meta.n_positions, dtype=bool)
+        non_audio[self.audio] = False
+        self.non_audio = non_audio
+        scores = self.cfg.head_scores if self.cfg.head_scores is not None else trace.head_scores
+        self.ctx = PolicyContext(
+            heads=self.heads,
+            n_audio=self.n_audio,
+            audio_tokens_per_s=meta.model.audio_tokens_per_s,
+            n_prefill=meta.n_prefill,
+            head_scores=scores,
+            seed=self.cfg.seed,
+        )
+        self.dtype_bytes = np.dtype(meta.model.dtype).itemsize
+        self.failures: list[tuple[PolicySpec, str]] = []
+
+    # ------------------------------------------------------------------------- main loop
+    def run(self, specs: list[PolicySpec]) -> list[RunResult]:
+        cfg, ctx, heads = self.cfg, self.ctx, self.heads
+        L, Hq, Hkv = heads.n_layers, heads.n_q_heads, heads.n_kv_heads
+        g, Ta = heads.group, self.n_audio
+        shape = (L, Hkv, Ta)
+        runs = [_Run(s, s.make(), ctx) for s in specs]
+        self.failures: list[tuple[PolicySpec, str]] = []
+
+        prefill_view = _PrefillView(self.keys32, self.trace, self.audio)
+        for run in list(runs):
+            t0 = time.perf_counter()
+            try:
+                tiers = run.policy.prefill(ctx, prefill_view)
+            except MissingCalibrationError as exc:
+                # a policy that cannot run on this trace is reported; the others go on
+                self.failures.append((run.spec, str(exc)))
+                runs.remove(run)
+                continue
+            run.seconds += time.perf_counter() - t0
+            _check_tiers(run.spec.label, tiers, shape)
+            run.set_tiers(tiers)
+            self._check_capacity(run, -1)
+            if cfg.record_tiers:
+                run.history = [tiers.copy()]
+        prefill_r = {id(r): float(r.gpu.mean()) for r in runs}
+
+        k_top = min(cfg.topk, Ta)
+        n_prefill = self.trace.meta.n_prefill
+        ai = self.audio_index
+        kv_of_q = np.arange(Hq)[:, None] // g  # (H_q, 1): KV-head read by each q-head
+        ones_a = np.ones((Hkv, Ta, 1), dtype=np.float32)
+        # Every run's GPU mask lives in one array so that the metrics of all runs are computed
+        # by a handful of batched numpy calls per layer and step, whatever the number of runs.
+        R = len(runs)
+        masks = np.zeros((R, L, Hkv, Ta), dtype=np.float32)
+        resident = np.zeros((R, L, Hkv), dtype=np.int64)
+        for r, run in enumerate(runs):
+            masks[r], resident[r] = run.gpuf, run.n_res
+            run.gpuf, run.n_res = masks[r], resident[r]
+        query_aware = [(r, run) for r, run in enumerate(runs) if run.policy.query_aware]
+        with_buffer = [(r, run) for r, run in enumerate(runs) if run.buffer is not None]
+        recall_sum = np.zeros((R, L, Hq))
+        step_recall = np.zeros((R, self.n_steps))
+        step_jaccard = np.zeros((R, self.n_steps))
+        err_sum = np.zeros(R)
+        err_n = 0
+        for s in range(self.n_steps):
+            p = n_prefill + s
+            qrow = self.trace.query_index(p)
+            want_err = self.values32 is not None and s % cfg.error_stride == 0
+            na = self.non_audio[: p + 1]
+            read = np.zeros(R, dtype=np.int64)
+            for layer in range(L):
+                q = as_f32(self.trace.queries(layer)[:, qrow])
+                P = softmax_(gqa_logits(q, self.keys32[layer][:, : p + 1]))  # (H_q, p+1)
+                Pa3 = P[:, ai].reshape(Hkv, g, Ta)  # a view when the audio is contiguous
+                # same summation (mat-vec) as the kept mass below, so recall of a full mask is 1.0
+                mass_a = np.matmul(Pa3, ones_a).reshape(Hq)
+                M = masks[:, layer]  # (R, H_kv, T_a)
+                n_res = resident[:, layer]  # (R, H_kv)
+                if query_aware:
+                    M, n_res = M.copy(), n_res.copy()
+                    qview = _QueryView(s, layer, q, self.keys32[layer][:, ai])
+                    for r, run in query_aware:
+                        t0 = time.perf_counter()
+                        sel = run.policy.select(qview)
+                        run.seconds += time.perf_counter() - t0
+                        if sel is None:
+                            continue
+                        if cfg.check_invariants:
+                            cur = run.policy.current_tiers()
+                            gpu_now = (cur[layer] == Tier.GPU) if cur is not None else run.gpu[layer]
+                            if (sel & ~gpu_now).any():
+                                raise InvariantViolation(
+                                    f"{run.spec.label}: select() read audio that is not on GPU "
+                                    f"(step {s}, layer {layer})")
+                        M[r] = sel
+                        n_res[r] = sel.sum(-1)
+                read += n_res.sum(-1)
+                # kept audio mass of every run and q-head: one broadcast mat-vec
+                mass_k = np.matmul(Pa3[None], M[..., None]).reshape(R, Hq)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    recall = np.where(mass_a > 0, mass_k / mass_a, 1.0)
+                recall_sum[:, layer] += recall
+                step_recall[:, s] += recall.mean(-1)
+                z = 1.0 - mass_a + mass_k  # (R, H_q) softmax normaliser of the compressed model
+                for r, run in with_buffer:
+                    buf = run.buffer[layer]
+                    np.multiply(Pa3, M[r][:, None, :], out=buf.reshape(Hkv, g, Ta))
+                    buf /= z[r][:, None]
+                # top-K Jaccard: the compressed ranking is the full one restricted to the
+                # resident set, so |top_full ∩ top_comp| = resident hits of top_full
+                n_res_q = n_res[:, kv_of_q[:, 0]]  # (R, H_q)
+                if k_top < Ta:
+                    top = np.argpartition(-Pa3.reshape(Hq, Ta), k_top - 1, axis=-1)[:, :k_top]
+                    hits = M[:, kv_of_q, top].sum(-1)
+                else:
+                    hits = n_res_q
+                kc = np.minimum(k_top, n_res_q)
+                step_jaccard[:, s] += (hits / np.maximum(k_top + kc - hits, 1)).mean(-1)
+                if want_err:
+                    V = self.values32[layer]
+                    Va = V[:, ai]  # (H_kv, T_a, D)
+                    out_na = np.matmul(P[:, na].reshape(Hkv, g, -1), V[:, : p + 1][:, na])
+                    out_full = (out_na + np.matmul(Pa3, Va)).reshape(Hq, -1)
+                    norm_full = np.maximum(np.linalg.norm(out_full, axis=-1), 1e-30)
+                    kept = Pa3[None] * M[:, :, None, :]  # (R, H_kv, g, T_a)
+                    out_c = (out_na[None] + np.matmul(kept, Va[None])).reshape(R, Hq, -1) / z[..., None]
+                    err_sum += (np.linalg.norm(out_c - out_full, axis=-1) / norm_full).mean(-1)
+            if want_err:
+                err_n += L
+            for r, run in enumerate(runs):
+                run.read_count = int(read[r])
+                self._end_step(run, s, p)
+
+        for r, run in enumerate(runs):
+            run.recall_sum = recall_sum[r]
+            run.step_recall = step_recall[r]
+            run.step_jaccard = step_jaccard[r]
+            run.err_sum, run.err_n = float(err_sum[r]), err_n
+        return [self._finish(run, prefill_r[id(run)]) for run in runs]
+
+    # ------------------------------------------------------------------------- per step
+    def _end_step(self, run: _Run, s: int, p: int) -> None:
+        cfg, L = self.cfg, self.heads.n_layers
+        prev = run.tiers
+        t0 = time.perf_counter()
+        if run.policy.query_aware:
+            new = run.policy.current_tiers()
+        else:
+            view = _StepView(s, run.buffer)
+            new = run.policy.decode_step(view)
+        run.seconds += time.perf_counter() - t0
+        row: dict[str, Any] = {"step": s, "context_tokens": p + 1,
+                               "non_audio_tokens": p + 1 - self.n_audio}
+        zeros = [0] * L
+        if new is None or new is prev and not run.policy.query_aware:
+            h2d_layer = zeros
+            runs_layer = zeros
+            released = 0
+        else:
+            _check_tiers(run.spec.label, new, prev.shape)
+            if cfg.check_invariants and ((prev == Tier.GONE) & (new != Tier.GONE)).any():
+                raise InvariantViolation(
+                    f"{run.spec.label}: a GONE position came back at step {s} (GONE is absorbing)")
+            recalled = (prev == Tier.CPU) & (new == Tier.GPU)
+            h2d_layer = recalled.sum(axis=(1, 2)).tolist()
+            runs_layer = _runs_per_layer(recalled).tolist()
+            released = int(((prev == Tier.GPU) & (new != Tier.GPU)).sum())
+            run.set_tiers(new)
+            self._check_capacity(run, s)
+        h2d = int(sum(h2d_layer))
+        row.update(
+            gpu_audio_tokens=run.n_gpu,
+            cpu_audio_tokens=run.n_cpu,
+            read_audio_tokens=run.read_count,
+            h2d_tokens=h2d,
+            h2d_bytes=h2d * 2 * self.heads.head_dim * self.dtype_bytes,
+            h2d_transfers=int(sum(runs_layer)),
+            h2d_tokens_by_layer=[int(x) for x in h2d_layer],
+            h2d_transfers_by_layer=[int(x) for x in runs_layer],
+            released_tokens=released,
+        )
+        for key, value in row.items():
+            run.log[key].append(value)
+        if run.history is not None:
+            run.history.append(run.tiers.copy())
+
+    def _check_capacity(self, run: _Run, s: int) -> None:
+        cap = run.policy.gpu_capacity()
+        if cap is not None and self.cfg.check_invariants:
+            n = run.n_gpu
+            if n > cap:
+                raise InvariantViolation(
+                    f"{run.spec.label}: {n} GPU audio tokens exceed its capacity {cap} at step {s}")
+
+    def _finish(self, run: _Run, prefill_r: float) -> RunResult:
+        ctx, L, Hq = self.ctx, self.heads.n_layers, self.heads.n_q_heads
+        n = max(self.n_steps, 1)
+        cols: dict[str, Any] = {}
+        for name, dtype in STEP_LOG_COLUMNS.items():
+            if isinstance(dtype, pl.List):  # per-layer lists: via one 2-D array, not row by row
+                arr = np.array(run.log[name], dtype=np.int64).reshape(len(run.log[name]), L)
+                cols[name] = pl.Series(name, arr).cast(dtype)
+            else:
+                cols[name] = pl.Series(name, run.log[name], dtype=dtype)
+        log = pl.DataFrame(cols)
+        total = ctx.audio_kv_total
+        if log.height:
+            gpu = log["gpu_audio_tokens"].to_numpy() / total
+            cpu = log["cpu_audio_tokens"].to_numpy() / total
+            read = log["read_audio_tokens"].to_numpy() / total
+        else:
+            gpu = cpu = read = np.array([prefill_r])
+        saves = run.policy.saves_capacity
+        summary = {
+            "trace": self.trace.name,
+            "policy": run.spec.name,
+            "label": run.spec.label,
+            "budget": run.spec.budget,
+            "steps": self.n_steps,
+            "n_audio": self.n_audio,
+            "r_gpu": float(gpu.mean()),
+            "r_gpu_max": float(gpu.max()),
+            "r_gpu_prefill": prefill_r,
+            "r_gpu_cpu": float((gpu + cpu).mean()),
+            "read_fraction": float(read.mean()),
+            "saves_capacity": saves,
+            "attn_recall": float(run.step_recall.sum() / (n * L)),
+            "attn_recall_min_step": float((run.step_recall / L).min()) if self.n_steps else 1.0,
+            "topk_jaccard": float(run.step_jaccard.sum() / (n * L)),
+            "output_error": run.err_sum / run.err_n if run.err_n else float("nan"),
+            "h2d_mb_per_step": float(log["h2d_bytes"].mean() / 1e6) if log.height else 0.0,
+            "transfers_per_step": float(log["h2d_transfers"].mean()) if log.height else 0.0,
+            "policy_seconds": run.seconds,
+        }
+        facts = RunFacts(
+            model=self.trace.meta.model.name, n_layers=L, n_q_heads=Hq,
+            n_kv_heads=self.heads.n_kv_heads, head_dim=self.heads.head_dim,
+            dtype_bytes=self.dtype_bytes, n_audio=self.n_audio,
+            n_prefill=self.trace.meta.n_prefill, n_decode=self.n_steps,
+            policy=run.spec.label, budget=run.spec.budget,
+            audio_tokens_per_s=self.trace.meta.model.audio_tokens_per_s,
+        )
+        return RunResult(
+            trace=self.trace.name, spec=run.spec, summary=summary, step_log=log, facts=facts,
+            per_head_recall=run.recall_sum / n, policy=run.policy, tiers=run.history,
+        )
+
+
+def replay_trace(trace: Trace, specs: list[PolicySpec], cfg: ReplayConfig | None = None) -> list[RunResult]:
+    """Replay ``specs`` over ``trace`` in one pass; see :class:`Replayer`."""
+    return Replayer(trace, cfg).run(specs)

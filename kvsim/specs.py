@@ -1,0 +1,62 @@
+"""Parsing of policy/budget arguments shared by the CLI commands."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from kvsim.replay.engine import PolicySpec
+from policies import registry
+
+
+def _value(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_policies(args: list[str], budget: float) -> list[PolicySpec]:
+    """``["full,snapkv:window=16", "wnw"]`` -> specs at ``budget``. ``all`` = every policy."""
+    specs: list[PolicySpec] = []
+    for arg in args:
+        for item in filter(None, (x.strip() for x in arg.split(","))):
+            name, *pairs = item.split(":")
+            names = list(registry.available()) if name == "all" else [name]
+            params = {}
+            for pair in pairs:
+                if "=" not in pair:
+                    raise ValueError(f"bad hyperparameter {pair!r} in {item!r}; use name:key=value")
+                k, v = pair.split("=", 1)
+                params[k] = _value(v)
+            for n in names:
+                cls = registry.get(n)
+                unknown = set(params) - set(cls.hyperparameters())
+                if unknown:
+                    raise ValueError(f"policy {n!r} has no hyperparameter {', '.join(sorted(unknown))}; "
+                                     f"it has: {', '.join(cls.hyperparameters()) or '(none)'}")
+                specs.append(PolicySpec(n, budget, params))
+    return specs
+
+
+def parse_budgets(text: str) -> list[float]:
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        try:
+            b = float(item)
+        except ValueError:
+            raise ValueError(f"budget {item!r} is not a number") from None
+        if not 0 < b <= 1:
+            raise ValueError(f"budget {b} must be in (0, 1]")
+        out.append(b)
+    if not out:
+        raise ValueError("no budget given")
+    return out
+
+
+def default_trace_dir() -> Path:
+    """The shipped ``traces/`` folder of a source checkout."""
+    here = Path(__file__).resolve().parent.parent / "traces"
+    if not here.is_dir():
+        raise FileNotFoundError("no traces given and no shipped traces/ folder next to the kvsim package")
+    return here

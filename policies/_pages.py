@@ -1,0 +1,171 @@
+"""Page layout, page digests and query-aware page bounds shared by Quest and ArkVale.
+
+The audio span of every (layer, KV-head) is cut into contiguous pages of ``page_size`` tokens
+starting at the first audio position; the last page may be partial. A page digest is an
+axis-aligned box ``[lo, hi]`` in key space (one interval per channel):
+
+* Quest (Tang et al. 2024, "query-aware sparsity", Fig. 5): ``lo``/``hi`` are the channel-wise
+  minimum and maximum of the page's keys, so the box contains every key of the page;
+* ArkVale (Chen et al. 2024, bounding-volume page digests): the box centred on
+  ``c = (max + min) / 2`` with per-channel radius ``d = mean_j |k_j - c|`` over the page's keys
+  (the reference implementation's cuboid digest); it is tighter than the min/max box and need
+  not contain every key.
+
+For a query ``q`` the largest dot product with any point of a box is
+``sum_i max(q_i * hi_i, q_i * lo_i) = q+ . hi + q- . lo`` (Quest's upper bound of the attention
+logit), computed here for all pages at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def n_pages(n_audio: int, page_size: int) -> int:
+    """Number of pages covering ``n_audio`` tokens (last one possibly partial)."""
+    if page_size <= 0:
+        raise ValueError(f"page_size must be positive, got {page_size}")
+    return -(-n_audio // page_size)
+
+
+def page_starts(n_audio: int, page_size: int) -> np.ndarray:
+    """First audio position of every page, shape (n_pages,)."""
+    return np.arange(0, n_audio, page_size, dtype=np.int64)
+
+
+def page_sizes(n_audio: int, page_size: int) -> np.ndarray:
+    """Tokens in every page, shape (n_pages,); all ``page_size`` except maybe the last."""
+    starts = page_starts(n_audio, page_size)
+    return np.minimum(starts + page_size, n_audio) - starts
+
+
+def page_of_position(n_audio: int, page_size: int) -> np.ndarray:
+    """Page index of every audio position, shape (T_a,)."""
+    return np.arange(n_audio, dtype=np.int64) // page_size
+
+
+def expand_pages(page_mask: np.ndarray, n_audio: int, page_size: int) -> np.ndarray:
+    """Turn a per-page array (..., n_pages) into a per-position array (..., T_a)."""
+    if n_audio % page_size == 0:  # whole pages: a broadcast repeat, no gather
+        rep = np.broadcast_to(page_mask[..., None], (*page_mask.shape, page_size))
+        return rep.reshape(*page_mask.shape[:-1], n_audio)
+    return np.repeat(page_mask, page_sizes(n_audio, page_size), axis=-1)
+
+
+def minmax_digest(keys: np.ndarray, page_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Quest digest: channel-wise (min, max) of each page's keys.
+
+    Parameters
+    ----------
+    keys : (H_kv, T_a, D) array
+
+    Returns
+    -------
+    lo, hi : (H_kv, n_pages, D) float32 arrays
+    """
+    keys = _check_keys(keys)
+    starts = page_starts(keys.shape[1], page_size)
+    lo = np.minimum.reduceat(keys, starts, axis=1)
+    hi = np.maximum.reduceat(keys, starts, axis=1)
+    return lo.astype(np.float32), hi.astype(np.float32)
+
+
+def bounding_box_digest(keys: np.ndarray, page_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """ArkVale cuboid digest: box ``c ± d`` with ``c = (max+min)/2`` and ``d = mean|k - c|``.
+
+    Parameters
+    ----------
+    keys : (H_kv, T_a, D) array
+
+    Returns
+    -------
+    lo, hi : (H_kv, n_pages, D) float32 arrays, ``lo = c - d`` and ``hi = c + d``
+    """
+    keys = _check_keys(keys)
+    t_a = keys.shape[1]
+    starts = page_starts(t_a, page_size)
+    lo = np.minimum.reduceat(keys, starts, axis=1).astype(np.float64)
+    hi = np.maximum.reduceat(keys, starts, axis=1).astype(np.float64)
+    centre = (hi + lo) / 2.0
+    page = page_of_position(t_a, page_size)
+    dev = np.abs(keys.astype(np.float64) - centre[:, page, :])
+    radius = np.add.reduceat(dev, starts, axis=1) / page_sizes(t_a, page_size)[None, :, None]
+    return (centre - radius).astype(np.float32), (centre + radius).astype(np.float32)
+
+
+def box_upper_bound(query: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Largest ``q . k`` over each page box, for every q-head: ``sum_i max(q_i hi_i, q_i lo_i)``.
+
+    Parameters
+    ----------
+    query : (H_q, D) array, post-RoPE query of the current token
+    lo, hi : (H_kv, n_pages, D) arrays with ``lo <= hi``; q-head ``h`` reads KV-head
+        ``h // (H_q / H_kv)`` (GQA)
+
+    Returns
+    -------
+    (H_kv, g, n_pages) float32 array, ``g = H_q / H_kv``
+    """
+    return PageBoxes(lo, hi).upper_bound(query)
+
+
+class PageBoxes:
+    """Page digests of one layer, stored as centre and half-width for a fast bound.
+
+    ``max(q_i hi_i, q_i lo_i) = q_i m_i + |q_i| w_i`` with ``m = (hi + lo) / 2`` and
+    ``w = (hi - lo) / 2``, so the bound of all pages is two batched matrix products.
+    """
+
+    def __init__(self, lo: np.ndarray, hi: np.ndarray) -> None:
+        lo = np.asarray(lo, dtype=np.float64)
+        hi = np.asarray(hi, dtype=np.float64)
+        # stored in float32 (memory: a long Voxtral trace has ~10^7 digest entries per policy)
+        if lo.shape != hi.shape or lo.ndim != 3:
+            raise ValueError(f"page digests must be (H_kv, n_pages, D), got {lo.shape}, {hi.shape}")
+        self.n_kv_heads, self.n_pages, self.head_dim = lo.shape
+        mid, half = (hi + lo) / 2.0, (hi - lo) / 2.0
+        self._mid_t = np.ascontiguousarray(mid.transpose(0, 2, 1), dtype=np.float32)  # (H_kv,D,P)
+        self._half_t = np.ascontiguousarray(half.transpose(0, 2, 1), dtype=np.float32)
+
+    def upper_bound(self, query: np.ndarray) -> np.ndarray:
+        """(H_kv, g, n_pages) bound for the (H_q, D) query (float32 arithmetic)."""
+        h_q = query.shape[0]
+        if query.ndim != 2 or query.shape[1] != self.head_dim or h_q % self.n_kv_heads:
+            raise ValueError(
+                f"query shape {query.shape} does not match digests "
+                f"({self.n_kv_heads}, {self.n_pages}, {self.head_dim})"
+            )
+        q = np.asarray(query, dtype=np.float32).reshape(self.n_kv_heads, -1, self.head_dim)
+        return np.matmul(q, self._mid_t) + np.matmul(np.abs(q), self._half_t)
+
+
+def top_pages(scores: np.ndarray, k: int) -> np.ndarray:
+    """Boolean mask of the ``k`` highest scores along the last axis (same ``k`` for all rows)."""
+    n = scores.shape[-1]
+    if k <= 0:
+        return np.zeros(scores.shape, dtype=bool)
+    if k >= n:
+        return np.ones(scores.shape, dtype=bool)
+    flat = scores.reshape(-1, n)
+    idx = np.argpartition(-flat, k - 1, axis=-1)[:, :k]
+    out = np.zeros(flat.shape, dtype=bool)
+    out[np.arange(flat.shape[0])[:, None], idx] = True
+    return out.reshape(scores.shape)
+
+
+def reduce_group(values: np.ndarray, how: str) -> np.ndarray:
+    """Aggregate a (H_kv, g, P) per-q-head array over the GQA group axis -> (H_kv, P)."""
+    if how == "max":
+        return values.max(axis=1)
+    if how == "mean":
+        return values.mean(axis=1)
+    if how == "sum":
+        return values.sum(axis=1)
+    raise ValueError(f"group_reduce must be 'max', 'mean' or 'sum', got {how!r}")
+
+
+def _check_keys(keys: np.ndarray) -> np.ndarray:
+    keys = np.asarray(keys)
+    if keys.ndim != 3 or keys.shape[1] == 0:
+        raise ValueError(f"audio keys must have shape (H_kv, T_a>0, D), got {keys.shape}")
+    return keys

@@ -1,0 +1,226 @@
+"""ArkVale (Chen et al., NeurIPS 2024): recallable page eviction with bounding-box digests.
+
+ArkVale (method: page digests and recall; defaults from the authors' code,
+``source/arkvale/infer_state.py``) manages the KV cache in pages of ``page_size`` tokens (32).
+The GPU holds a fixed budget of pages; every page is backed up to host memory, so an evicted
+page can be recalled.
+Each page has a digest, a bounding box of its keys: centre ``c = (max + min) / 2`` and
+per-channel radius ``d = mean_j |k_j - c|`` (the reference implementation's cuboid). At every
+decode step and layer the current query scores every page (resident or not) by the upper
+bound of ``q . k`` over its box, ``sum_i max(q_i (c_i + d_i), q_i (c_i - d_i))``; the top-k
+pages must be resident, so missing ones are recalled from the CPU mirror, replacing the
+lowest-scored resident pages outside the top-k, which go back to CPU. Sink pages (start) and
+window pages (end) are always resident.
+
+Reading under the audio-only scope (WnW §3.3, App. F: "page size 32, top-k recall budget
+proportional to the target audio KV retention r_GPU, CPU mirror of all evicted pages"):
+
+* pages tile the audio span of each (layer, KV-head); the page budget ``P`` (resident pages,
+  sink and window pages included: sink first, then window, while they fit) is the number of
+  pages that fit in the token budget ``floor(r * T_a)`` (``budget_unit="tokens"``, default;
+  free slots are sized as full pages so any choice fits) or ``floor(r * n_pages)``
+  (``budget_unit="pages"``; with a partial last page it can undershoot r by up to a page, e.g.
+  0.147 instead of 0.2 on a 750-token trace);
+* every non-resident page is on CPU: r_GPU+CPU = 1 (full mirror);
+* top-k: ``k = floor(topk_fraction * P) - n_forced`` (the reference code's default top-k is
+  half the page budget minus sink and window pages), at least 1 when a free slot exists;
+  ``topk_fraction = 1`` keeps exactly the top pages resident;
+* the prompt prefix and generated tokens, ArkVale's own sinks and window, are always resident
+  here, so the audio gets one sink page and one window page by default;
+* prefill: the reference code picks the pages to keep at prefill with the prompt queries; this
+  policy ranks pages by the largest attention the last prompt query pays to any of their
+  tokens (the exact quantity the box bound approximates);
+* GQA: a KV-head's page score combines the bounds of its q-heads (``group_reduce``);
+* attention reads every resident page (``sparse_read = False``, the reference default) or
+  only sink + top-k + window pages (``sparse_read = True``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies._pages import (
+    PageBoxes,
+    bounding_box_digest,
+    expand_pages,
+    n_pages,
+    page_sizes,
+    page_starts,
+    reduce_group,
+    top_pages,
+)
+from policies.base import Policy, PolicyContext, PrefillView, QueryView, Tier, shared, topk_mask
+from policies.registry import register
+
+
+@register
+@dataclass
+class ArkVale(Policy):
+    """Query-aware page recall from a full CPU mirror under a GPU page budget.
+
+    Parameters
+    ----------
+    page_size : int
+        Tokens per page (ArkVale default 32).
+    n_sink_pages : int
+        Pages at the start of the audio that are always resident.
+    n_window_pages : int
+        Pages at the end of the audio that are always resident.
+    topk_fraction : float
+        Top-k pages that must be resident each step, as a fraction of the page budget
+        (before subtracting sink and window pages); 0.5 as in the reference code.
+    group_reduce : str
+        How the q-heads of a GQA group combine their page bounds: ``max``, ``mean``, ``sum``.
+    sparse_read : bool
+        Attention reads only sink + top-k + window pages instead of every resident page.
+    budget_unit : str
+        ``"tokens"`` (default): as many pages as fit in ``floor(r * T_a)`` tokens per head, so
+        the measured r_GPU never exceeds the target and sits within one page of it;
+        ``"pages"``: ``floor(r * n_pages)`` pages, the partial last page counted as one.
+    share_heads : bool
+        One page selection per layer for all its KV-heads, scores combined over every q-head
+        of the layer (the reference code's default, where a page holds every head's KV);
+        False (default) selects per KV-head from its GQA group.
+    """
+
+    name = "arkvale"
+    paper = (
+        "Chen et al., ArkVale: Efficient Generative LLM Inference with Recallable Key-Value "
+        "Eviction, NeurIPS 2024"
+    )
+    recallable = True
+    query_aware = True
+
+    page_size: int = 32
+    n_sink_pages: int = 1
+    n_window_pages: int = 1
+    topk_fraction: float = 0.5
+    group_reduce: str = "max"
+    sparse_read: bool = False
+    budget_unit: str = "tokens"
+    share_heads: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.page_size < 1:
+            raise ValueError(f"arkvale: page_size must be >= 1, got {self.page_size}")
+        if self.n_sink_pages < 0 or self.n_window_pages < 0:
+            raise ValueError("arkvale: n_sink_pages and n_window_pages must be >= 0")
+        if not 0.0 < self.topk_fraction <= 1.0:
+            raise ValueError(f"arkvale: topk_fraction must be in (0, 1], got {self.topk_fraction}")
+        if self.group_reduce not in ("max", "mean", "sum"):
+            raise ValueError(
+                f"arkvale: group_reduce must be max, mean or sum, got {self.group_reduce!r}"
+            )
+        if self.budget_unit not in ("tokens", "pages"):
+            raise ValueError(
+                f"arkvale: budget_unit must be tokens or pages, got {self.budget_unit!r}"
+            )
+
+    # ----------------------------------------------------------------------------- prefill
+    def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        t_a, h = ctx.n_audio, ctx.heads
+        self._n_audio = t_a
+        npg = n_pages(t_a, self.page_size)
+        #: resident pages per (layer, KV-head), at every step
+        self.page_budget, self._forced = self._page_plan(t_a)
+        n_free = self.page_budget - int(self._forced.sum())
+        k = int(np.floor(self.topk_fraction * self.page_budget + 1e-9)) - int(self._forced.sum())
+        #: top-k pages that must be resident after each step's selection
+        self.topk = int(np.clip(k, min(1, n_free), n_free))
+
+        starts = page_starts(t_a, self.page_size)
+        self._resident = np.zeros((h.n_layers, h.n_kv_heads, npg), dtype=bool)
+        for layer in range(h.n_layers):
+            scores = np.zeros((h.n_kv_heads, npg))
+            if view.n_window > 0:
+                last = view.audio_attention(layer)[:, -1, :].astype(np.float64)  # (H_q, T_a)
+                per_q = np.maximum.reduceat(last, starts, axis=-1)
+                scores = self._combine(per_q.reshape(h.n_kv_heads, h.group, npg))
+            top = topk_mask(np.where(self._forced, -np.inf, scores), n_free)
+            self._resident[layer] = self._forced | top
+        self._tiers = self._tiers_from_pages(self._resident)
+        sizes = page_sizes(t_a, self.page_size)
+        free_sizes = np.sort(sizes[~self._forced])[::-1]
+        per_head = int(sizes[self._forced].sum() + free_sizes[:n_free].sum())
+        self._capacity = per_head * h.n_heads_total
+        self._digests: dict[int, PageBoxes] = {}
+        return self._tiers.copy()
+
+    def _page_plan(self, t_a: int) -> tuple[int, np.ndarray]:
+        """Page budget and always-resident (sink, window) pages of one (layer, KV-head)."""
+        npg = n_pages(t_a, self.page_size)
+        sizes = page_sizes(t_a, self.page_size)
+        forced = np.zeros(npg, dtype=bool)
+        sink = list(range(min(self.n_sink_pages, npg)))
+        window = [p for p in range(npg - 1, -1, -1) if p not in sink][: self.n_window_pages]
+        if self.budget_unit == "pages":
+            budget = int(np.floor(self.budget * npg + 1e-9))
+            for p in (sink + window)[:budget]:
+                forced[p] = True
+            return budget, forced
+        tokens = int(np.floor(self.budget * t_a + 1e-9))
+        used = 0
+        for group in (sink, window):
+            for p in group:
+                if used + sizes[p] > tokens:
+                    break
+                forced[p] = True
+                used += int(sizes[p])
+        # free slots are sized as full pages, so any choice of pages fits the token budget
+        n_free = min((tokens - used) // self.page_size, npg - int(forced.sum()))
+        return int(forced.sum()) + n_free, forced
+
+    # ----------------------------------------------------------------------------- decode
+    def digest(self, layer: int, keys: np.ndarray) -> PageBoxes:
+        """Bounding boxes ``c -/+ d`` of the pages of ``layer``, computed once."""
+        if layer not in self._digests:
+            self._digests[layer] = PageBoxes(*bounding_box_digest(keys, self.page_size))
+        return self._digests[layer]
+
+    def page_scores(self, view: QueryView) -> np.ndarray:
+        """Upper bound of ``q . k`` over every page box for the current query, (H_kv, n_pages)."""
+        def compute() -> np.ndarray:
+            boxes = self.digest(view.layer, view.audio_keys())
+            return self._combine(boxes.upper_bound(view.query()))
+
+        # the bound does not depend on the budget: computed once per step and layer for all
+        # ArkVale runs with the same page geometry and reduction
+        return shared(view, ("arkvale", self.page_size, self.group_reduce, self.share_heads), compute)
+
+    def _combine(self, per_q: np.ndarray) -> np.ndarray:
+        """(H_kv, g, P) per-q-head page scores -> (H_kv, P), shared by the layer if asked."""
+        if self.share_heads:
+            h_kv, g, n = per_q.shape
+            layer = reduce_group(per_q.reshape(1, h_kv * g, n), self.group_reduce)
+            return np.broadcast_to(layer, (h_kv, n))
+        return reduce_group(per_q, self.group_reduce)
+
+    def select(self, view: QueryView) -> np.ndarray | None:
+        layer = view.layer
+        scores = self.page_scores(view)
+        resident = self._resident[layer]
+        must = self._forced | top_pages(np.where(self._forced, -np.inf, scores), self.topk)
+        missing = must & ~resident
+        new = resident
+        if missing.any():
+            # the lowest-scored resident pages outside the top-k make room for the recalled ones
+            evictable = resident & ~must
+            lowest = topk_mask(np.where(evictable, -scores, -np.inf), missing.sum(axis=-1))
+            new = (resident & ~(lowest & evictable)) | missing
+            self._resident[layer] = new
+            self._tiers[layer] = self._tiers_from_pages(new)
+        read = must if self.sparse_read else new
+        return expand_pages(read, self._n_audio, self.page_size)
+
+    def current_tiers(self) -> np.ndarray | None:
+        return self._tiers  # read-only for the caller (protocol); no copy per layer and step
+
+    def gpu_capacity(self) -> int | None:
+        return self._capacity
+
+    def _tiers_from_pages(self, resident: np.ndarray) -> np.ndarray:
+        on_gpu = expand_pages(resident, self._n_audio, self.page_size)
+        return np.where(on_gpu, Tier.GPU, Tier.CPU).astype(np.uint8)

@@ -1,0 +1,111 @@
+"""H2O, Heavy-Hitter Oracle (Zhang et al., NeurIPS 2023), restricted to the audio span.
+
+H2O (Algorithm 1, "H2 eviction"; section "Heavy-Hitter Oracle") keeps a KV cache of ``k``
+tokens made of *heavy hitters*, the tokens with the largest attention accumulated over every
+query so far, plus the most *recent* tokens; the paper's default splits the budget evenly
+(heavy ratio = recent ratio). When the cache is over budget it evicts, for good, the
+non-recent token with the smallest accumulated score.
+
+Reading under the audio-only scope (WnW §3.3; written down because the paper does not cover it):
+
+* budget per (layer, KV-head) ``B = floor(r * T_a)``, every step;
+* "recent" = the last ``floor(B * recent_fraction)`` positions of the *audio* span (the text
+  prompt and generated tokens after it are always resident, so the recent audio is the end of
+  the audio), the other ``B - floor(B * recent_fraction)`` slots go to heavy hitters;
+* the accumulated score is seeded at prefill with the attention the observation-window queries
+  (the prompt text after the audio; H2O uses every prompt query, we have those) put on each
+  audio position, summed over the GQA group, and grows at every decode step by the attention
+  the compressed model paid (``StepView.audio_attention``, zero on evicted positions);
+* after every step the policy enforces ``<= B`` resident positions per head by evicting the
+  lowest-score non-recent positions (GONE). The audio span does not grow during decoding, so
+  with the prefill selection already at ``B`` this rule does not fire in replay; the scores are
+  kept (``scores``) and the bound is re-checked every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies._scoring import uniform_head_budget, window_scores
+from policies.base import (
+    Policy,
+    PolicyContext,
+    PrefillView,
+    StepView,
+    Tier,
+    kv_group_sum,
+    topk_mask,
+)
+from policies.registry import register
+
+
+@register
+@dataclass
+class H2O(Policy):
+    """Heavy hitters by accumulated attention + a recent audio window, budget every step.
+
+    Parameters
+    ----------
+    recent_fraction : float
+        Share of the per-head budget given to the recent window (H2O default 0.5: heavy and
+        recent ratios are equal).
+    window : int
+        Observation queries that seed the accumulated scores at prefill (0 = all of them).
+    """
+
+    name = "h2o"
+    paper = (
+        "Zhang et al., H2O: Heavy-Hitter Oracle for Efficient Generative Inference of LLMs, "
+        "NeurIPS 2023"
+    )
+    needs_step_attention = True
+
+    recent_fraction: float = 0.5
+    window: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.recent_fraction <= 1.0:
+            raise ValueError(f"h2o: recent_fraction must be in [0, 1], got {self.recent_fraction}")
+        if self.window < 0:
+            raise ValueError(f"h2o: window must be >= 0, got {self.window}")
+
+    def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        self._group = ctx.heads.group
+        self._head_budget = uniform_head_budget(ctx, self.budget)
+        n_recent = int(np.floor(self._head_budget * self.recent_fraction + 1e-9))
+        self._recent = np.zeros(ctx.n_audio, dtype=bool)
+        if n_recent:
+            self._recent[ctx.n_audio - n_recent :] = True
+        #: accumulated attention per (layer, KV-head, audio position)
+        self.scores = window_scores(ctx, view, self.window or None)
+        heavy = topk_mask(
+            np.where(self._recent, -np.inf, self.scores), self._head_budget - n_recent
+        )
+        self._tiers = np.where(heavy | self._recent, Tier.GPU, Tier.GONE).astype(np.uint8)
+        self._capacity = self._head_budget * ctx.heads.n_heads_total
+        return self._tiers.copy()
+
+    def decode_step(self, view: StepView) -> np.ndarray | None:
+        for layer in range(self.scores.shape[0]):
+            att = view.audio_attention(layer).astype(np.float64)  # (H_q, T_a)
+            self.scores[layer] += kv_group_sum(att, self._group)
+        resident = self._tiers == Tier.GPU
+        if not (resident.sum(axis=-1) > self._head_budget).any():
+            return None
+        self._tiers = self._evict(resident)
+        return self._tiers.copy()
+
+    def _evict(self, resident: np.ndarray) -> np.ndarray:
+        """Keep resident recent positions + the top-score resident others, up to the budget."""
+        recent = resident & self._recent
+        n_heavy = np.maximum(self._head_budget - recent.sum(axis=-1), 0)
+        cand = np.where(resident & ~self._recent, self.scores, -np.inf)
+        heavy = topk_mask(cand, n_heavy) & resident & ~self._recent
+        keep = recent | heavy
+        return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
+
+    def gpu_capacity(self) -> int | None:
+        return self._capacity

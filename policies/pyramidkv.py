@@ -1,0 +1,82 @@
+"""PyramidKV (Cai et al., 2025): pyramidal layer budgets + SnapKV selection within each layer.
+
+Layer budgets decrease arithmetically from the first to the last layer with the same total as
+a uniform allocation (PyramidKV §3.2, "pyramidal information funneling"). With the average
+per-head budget ``b = floor(r · T_a)`` and PyramidKV's ``beta``: the last layer gets
+``b_min = b / beta``, the first ``b_max = 2b - b_min``, and layer ``l`` gets
+``b_max - l · (b_max - b_min) / (L - 1)`` (the reference implementation's schedule; beta = 20
+there). Larger ``beta`` means a steeper pyramid. When ``b_max`` would exceed T_a the
+reference sets ``b_max = T_a`` and ``b_min = 2b - T_a`` (still linear, same total); we do the
+same. The reference floors the per-layer step, which loses a few tokens; we round the linear
+budgets by largest remainder so that ``Σ_l b_l = L · b`` exactly (measured r_GPU = uniform).
+Within a layer every KV-head keeps its top ``b_l`` by SnapKV's pooled observation-window score.
+Prefill-only (GONE, no recall); audio span only, so "the window" of text is never evicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies._allocation import allocate
+from policies._scoring import pool_scores, uniform_head_budget, window_scores
+from policies.base import Policy, PolicyContext, PrefillView, Tier, topk_mask
+from policies.registry import register
+
+
+def pyramid_layer_budgets(per_head: int, n_layers: int, n_audio: int, beta: float) -> np.ndarray:
+    """Per-layer (per-head) budgets: arithmetic decrease, total ``n_layers · per_head``."""
+    if n_layers == 1:
+        return np.array([min(per_head, n_audio)], dtype=np.int64)
+    b_min = per_head / beta
+    b_max = 2.0 * per_head - b_min
+    if b_max >= n_audio:  # the reference clips the top layer to the length, same total
+        b_max = float(n_audio)
+        b_min = 2.0 * per_head - b_max
+    raw = b_max - np.arange(n_layers) * (b_max - b_min) / (n_layers - 1)
+    return allocate(n_layers * per_head, raw, n_audio)
+
+
+@register
+@dataclass
+class PyramidKV(Policy):
+    """Pyramidal per-layer budget, SnapKV-style top-k inside each layer.
+
+    Parameters
+    ----------
+    beta : float
+        Ratio b_mean / b_min of the pyramid (PyramidKV default 20); must be >= 1
+        (beta = 1 is a flat, SnapKV-like allocation).
+    window : int
+        Observation-window queries (32, as for ``snapkv``).
+    kernel : int
+        Pooling kernel (7).
+    pooling : str
+        ``"avg"`` or ``"max"``.
+    """
+
+    name = "pyramidkv"
+    paper = "Cai et al., PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information Funneling, 2025 (§3)"
+
+    beta: float = 20.0
+    window: int = 32
+    kernel: int = 7
+    pooling: str = "avg"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.beta < 1.0:
+            raise ValueError(f"pyramidkv: beta must be >= 1, got {self.beta}")
+
+    def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        scores = pool_scores(window_scores(ctx, view, self.window), self.kernel, self.pooling)
+        per_head = uniform_head_budget(ctx, self.budget)
+        layer_budget = pyramid_layer_budgets(per_head, ctx.heads.n_layers, ctx.n_audio, self.beta)
+        self.layer_budgets_ = layer_budget
+        keep = topk_mask(scores, layer_budget[:, None])
+        self._capacity = int(layer_budget.sum()) * ctx.heads.n_kv_heads
+        return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
+
+    def gpu_capacity(self) -> int | None:
+        return self._capacity

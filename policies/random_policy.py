@@ -1,0 +1,44 @@
+"""Random eviction: a control that keeps ``floor(r * T_a)`` uniformly random audio positions.
+
+Not from a paper: it is the floor every scoring policy must beat (WnW §2.1 compares top-K
+overlaps against the random baseline ``K / T_a``). The draw is seeded by ``ctx.seed`` so a run
+is reproducible; each (layer, KV-head) gets an independent uniform subset of exact size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies._scoring import uniform_head_budget
+from policies.base import Policy, PolicyContext, PrefillView, Tier, topk_mask
+from policies.registry import register
+
+
+@register
+@dataclass
+class RandomPolicy(Policy):
+    """Keep a uniformly random ``floor(r * T_a)``-subset per (layer, KV-head) at prefill.
+
+    Parameters
+    ----------
+    salt : int
+        Mixed with ``ctx.seed`` to draw independent subsets at the same seed.
+    """
+
+    name = "random"
+    paper = "Control: uniformly random audio KV eviction (WnW §2.1 random baseline)"
+
+    salt: int = 0
+
+    def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        budget = uniform_head_budget(ctx, self.budget)
+        rng = np.random.default_rng([int(ctx.seed), int(self.salt), 0x6B7673])
+        shape = (ctx.heads.n_layers, ctx.heads.n_kv_heads, ctx.n_audio)
+        keep = topk_mask(rng.random(shape), budget)
+        self._capacity = budget * ctx.heads.n_heads_total
+        return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
+
+    def gpu_capacity(self) -> int | None:
+        return self._capacity

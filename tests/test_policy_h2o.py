@@ -1,0 +1,142 @@
+"""H2O: heavy hitters + recent audio window, accumulated scores, budget at every step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from zoo_fakes import FakePrefill, FakeStep, drive, make_ctx, random_prefill
+
+from policies import Tier, make
+from policies.base import kv_group_sum
+
+
+def _hand_view(scores_per_q: np.ndarray, n_layers: int = 1) -> FakePrefill:
+    """A prefill view whose single-query attention is ``scores_per_q`` (H_q, T_a)."""
+    att = np.broadcast_to(
+        scores_per_q[None, :, None, :],
+        (n_layers, *scores_per_q.shape[:1], 1, scores_per_q.shape[1]),
+    )
+    keys = np.zeros((n_layers, 1, scores_per_q.shape[1], 4), dtype=np.float32)
+    return FakePrefill(np.ascontiguousarray(att, dtype=np.float32), keys)
+
+
+def test_hand_case_heavy_plus_recent() -> None:
+    # T_a = 10, r = 0.4 -> B = 4: 2 recent (positions 8, 9) + 2 heavy hitters
+    ctx = make_ctx(n_layers=1, n_q_heads=2, n_kv_heads=1, n_audio=10)
+    s = np.array([[0.0, 0.3, 0.0, 0.0, 0.0, 0.2, 0.1, 0.0, 0.5, 0.0]] * 2)
+    s[1, 6] = 0.25  # only one q-head of the group likes position 6: group sum 0.35 < 0.4
+    tiers = make("h2o", 0.4).prefill(ctx, _hand_view(s))
+    kept = np.flatnonzero(tiers[0, 0] == Tier.GPU).tolist()
+    # group sums: p1 .6, p5 .4, p6 .35, p8 1.0 (recent anyway) -> heavy = {1, 5}
+    assert kept == [1, 5, 8, 9]
+    assert set(np.unique(tiers)) == {Tier.GPU, Tier.GONE}
+
+
+def test_recent_fraction_zero_is_pure_heavy_hitters() -> None:
+    ctx = make_ctx(n_layers=1, n_q_heads=1, n_kv_heads=1, n_audio=8)
+    s = np.array([[0.1, 0.9, 0.0, 0.5, 0.2, 0.0, 0.0, 0.05]])
+    tiers = make("h2o", 0.25, recent_fraction=0.0).prefill(ctx, _hand_view(s))
+    assert np.flatnonzero(tiers[0, 0] == Tier.GPU).tolist() == [1, 3]
+
+
+def test_scores_accumulate_step_attention() -> None:
+    ctx = make_ctx(n_layers=2, n_q_heads=4, n_kv_heads=2, n_audio=30)
+    view = random_prefill(ctx, n_window=3)
+    pol = make("h2o", 0.5)
+    pol.prefill(ctx, view)
+    expected = np.stack(
+        [kv_group_sum(view.attention[layer].sum(axis=1, dtype=np.float64), 2) for layer in range(2)]
+    )
+    assert np.allclose(pol.scores, expected)
+    rng = np.random.default_rng(3)
+    for step in range(4):
+        att = rng.random((2, 4, 30)).astype(np.float32)
+        assert pol.decode_step(FakeStep(step, att)) is None  # within budget: nothing evicted
+        expected += np.stack([kv_group_sum(att[layer].astype(np.float64), 2) for layer in range(2)])
+    assert np.allclose(pol.scores, expected)
+
+
+def test_eviction_rule_drops_lowest_accumulated_non_recent() -> None:
+    ctx = make_ctx(n_layers=1, n_q_heads=1, n_kv_heads=1, n_audio=10)
+    pol = make("h2o", 0.4)  # B = 4, recent = {8, 9}
+    pol.prefill(ctx, _hand_view(np.zeros((1, 10))))
+    pol.scores[0, 0] = np.arange(10, dtype=np.float64)[::-1]  # position 0 highest
+    over = np.zeros((1, 1, 10), dtype=bool)
+    over[0, 0, [2, 3, 4, 8, 9]] = True  # 5 resident > B
+    out = pol._evict(over)
+    assert np.flatnonzero(out[0, 0] == Tier.GPU).tolist() == [2, 3, 8, 9]
+    assert not ((out == Tier.GPU) & ~over).any()  # never re-admits
+
+
+def test_budget_every_step_and_gone_absorbing() -> None:
+    ctx = make_ctx(n_audio=64)
+    pol = make("h2o", 0.3)
+    log = drive(pol, ctx, random_prefill(ctx), n_steps=6)
+    b = int(np.floor(0.3 * 64))
+    for prev, cur in zip(log.tiers, log.tiers[1:], strict=False):
+        assert ((cur == Tier.GPU).sum(axis=-1) <= b).all()
+        assert not ((prev == Tier.GONE) & (cur != Tier.GONE)).any()
+    assert (log.tiers[0] == Tier.GPU).sum() <= pol.gpu_capacity()
+
+
+def test_bad_hyperparameter_is_clear() -> None:
+    with pytest.raises(ValueError, match="recent_fraction"):
+        make("h2o", 0.3, recent_fraction=1.5)
+
+
+def test_engine_accumulates_compressed_attention() -> None:
+    """Through the real engine: H2O's scores = observation-window attention + the attention the
+    compressed model computed at every step (softmax over non-audio + resident audio),
+    recomputed here from the trace's queries and keys in float64."""
+    import tempfile
+    from pathlib import Path
+    from unittest import mock
+
+    from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace
+    from kvsim.synth import SynthConfig, synthesize
+    from kvsim.trace.reader import Trace
+    from kvsim.trace.writer import write_trace
+    from policies import registry
+
+    made = []
+
+    def _make(spec: PolicySpec):
+        made.append(registry.make(spec.name, spec.budget, **spec.params))
+        return made[-1]
+
+    data = synthesize(SynthConfig(preset="tiny", audio_seconds=8, decode_steps=5, seed=7))
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Trace(write_trace(Path(tmp) / "t.kvtrace", data))
+        with mock.patch.object(PolicySpec, "make", _make):
+            (run,) = replay_trace(trace, [PolicySpec("h2o", 0.3)], ReplayConfig(record_tiers=True))
+        pol = made[0]
+        heads, audio = trace.head_layout, trace.audio_positions
+        g, d = heads.group, heads.head_dim
+        n_prefill = trace.meta.n_prefill
+        expected = np.zeros_like(pol.scores)
+        window_part = np.zeros_like(pol.scores)
+        for layer in range(heads.n_layers):
+            keys = np.asarray(trace.keys(layer), dtype=np.float64)  # (H_kv, N, D)
+            kq = keys[np.arange(heads.n_q_heads) // g]  # (H_q, N, D)
+            resident = run.tiers[0][layer] == Tier.GPU  # static after prefill
+            for p in trace.window_positions:
+                q = np.asarray(trace.queries(layer)[:, trace.query_index(int(p))], dtype=np.float64)
+                logit = np.einsum("hd,hnd->hn", q, kq[:, : p + 1]) / np.sqrt(d)
+                w = np.exp(logit - logit.max(axis=-1, keepdims=True))
+                att = (w / w.sum(axis=-1, keepdims=True))[:, audio]
+                window_part[layer] += kv_group_sum(att, g)
+            expected[layer] = window_part[layer]
+            for s in range(run.summary["steps"]):
+                p = n_prefill + s
+                q = np.asarray(trace.queries(layer)[:, trace.query_index(p)], dtype=np.float64)
+                logit = np.einsum("hd,hnd->hn", q, kq[:, : p + 1]) / np.sqrt(d)
+                visible = np.ones((heads.n_q_heads, p + 1), dtype=bool)
+                visible[:, audio] = np.repeat(resident, g, axis=0)
+                w = np.where(visible, np.exp(logit - logit.max(axis=-1, keepdims=True)), 0.0)
+                att = (w / w.sum(axis=-1, keepdims=True))[:, audio]
+                expected[layer] += kv_group_sum(att, g)
+    assert np.allclose(pol.scores, expected, rtol=1e-4, atol=1e-6)
+    gained = pol.scores - window_part
+    kept = run.tiers[0] == Tier.GPU
+    assert gained[kept].sum() > 0.5  # decode steps added attention to resident positions
+    assert np.allclose(gained[~kept], 0.0)  # evicted positions receive none
