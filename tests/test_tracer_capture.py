@@ -199,3 +199,20 @@ def test_translate_prompt_and_position_kinds(kind, tmp_path_factory):
         first_user = tr.meta.prompt.index("<|im_start|>user")
         assert (kinds[:3] == "system").all() and first_user > 0
     assert tr.meta.provenance["task"] == "translate"
+
+
+def test_recorder_does_not_keep_the_callers_tensors_alive():
+    """Recorded decode-step keys must own their memory: a view of the (prompt + cache) key
+    tensor of every call would hold O(steps x context) memory (20 GB on 2-minute audio)."""
+    from tracer.capture import Recorder
+
+    rec = Recorder(n_layers=1, window_start=40, store_values=True)
+    for t in (50, 51, 52):
+        key = torch.randn(1, 2, t, 8)
+        value = torch.randn(1, 2, t, 8)
+        q_len = 50 if t == 50 else 1
+        rec.record(0, torch.randn(1, 4, q_len, 8), key, value)
+        kept = rec.keys[0][-1]
+        assert kept.untyped_storage().nbytes() == kept.numel() * kept.element_size()
+        assert rec.values[0][-1].untyped_storage().nbytes() == kept.numel() * kept.element_size()
+        torch.testing.assert_close(kept, key[0, :, -q_len:, :])

@@ -90,7 +90,9 @@ class Recorder:
             return
         q_len = query.shape[2]
         first = not self.keys[layer]
-        grab = (lambda t: t) if self.keep_graph else (lambda t: t.detach())
+        # clone: a slice is a view that would keep the whole key/value tensor of this call
+        # (prompt + cache) alive — O(steps x context) memory on long audio
+        grab = (lambda t: t.clone()) if self.keep_graph else (lambda t: t.detach().clone())
         self.keys[layer].append(grab(key[0, :, -q_len:, :]))
         if self.store_values:
             self.values[layer].append(grab(value[0, :, -q_len:, :]))
