@@ -41,7 +41,7 @@ def replay(
     calibration: Annotated[Path | None, typer.Option(help="heads.json calibration file (WnW, AudioKV)")] = None,
     plot: Annotated[bool, typer.Option("--plot", help="Write recall-vs-r_GPU chart (HTML + PNG)")] = False,
     topk: Annotated[int, typer.Option(help="K of the top-K Jaccard metric")] = 100,
-    error_stride: Annotated[int, typer.Option(help="Output error every N steps (needs values)")] = 1,
+    error_stride: Annotated[int, typer.Option(help="Output error sampled every N steps (needs values; 1 = every step)")] = 8,
     max_steps: Annotated[int | None, typer.Option(help="Replay only the first N decode steps")] = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Traces replayed in parallel (processes)")] = 1,
 ) -> None:

@@ -1,0 +1,79 @@
+"""``kvsim calibrate-hw``: microbenchmark a CUDA GPU and write a fitted GPU preset.
+
+Without a CUDA GPU it says so and exits with status 3 (``--host-only`` still measures the
+host cost of eager decoding on the CPU; ``--from-json`` refits saved measurements).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True, soft_wrap=True)
+
+
+def calibrate_hw(
+    base: Annotated[str, typer.Option(help="GPU preset to start from (unfitted fields are kept)")] = "h100-sxm",
+    model: Annotated[str, typer.Option(help="Model preset whose decoder layer is timed")] = "voxtral-mini-3b",
+    out: Annotated[Path, typer.Option("--out", "-o", help="Preset file to write")] = Path("runs/calibrate/gpu.toml"),
+    name: Annotated[str | None, typer.Option(help="Name of the new preset (default: <base>-calibrated)")] = None,
+    quick: Annotated[bool, typer.Option(help="Fewer repetitions and 3 KV lengths (same 4 KiB-1 GiB sweep)")] = False,
+    from_json: Annotated[Path | None, typer.Option(help="Fit saved measurements instead of measuring")] = None,
+    host_only: Annotated[bool, typer.Option(help="Only measure eager-decode host cost (CPU; no GPU needed)")] = False,
+    device: Annotated[str, typer.Option(help="--host-only: run the probe on this torch device (cpu or cuda)")] = "cpu",
+) -> None:
+    """Microbenchmark a CUDA GPU (copies 4 KiB-1 GiB, call overheads, layer decode vs KV) and write a fitted preset."""
+    from kvsim.sim.calibrate import (
+        CalibrationError,
+        Measurements,
+        cuda_available,
+        fit_gpu_fields,
+        measure_cuda,
+        write_gpu_preset,
+    )
+    from kvsim.sim.presets import PresetError, gpu_preset, model_preset
+
+    if host_only:
+        from kvsim.sim.hostprobe import probe_hf_eager
+
+        mp = model_preset(model)
+        for attn in ("sdpa", "eager"):
+            r = probe_hf_eager(mp.n_layers, mp.n_q_heads, mp.n_kv_heads, attn=attn, device=device)
+            print(json.dumps(r.to_json()))
+        return
+    try:
+        bp, mp = gpu_preset(base), model_preset(model)
+        if from_json is not None:
+            try:
+                meas = Measurements.from_json(json.loads(from_json.read_text()), str(from_json))
+            except (OSError, json.JSONDecodeError) as exc:
+                raise CalibrationError(f"{from_json}: cannot read measurements ({exc})") from None
+            command = f"kvsim calibrate-hw --from-json {from_json}"
+        else:
+            if not cuda_available():
+                console.print("[red]error:[/] no CUDA GPU here (torch.cuda.is_available() is False): "
+                              "calibrate-hw needs one. Use --host-only for the CPU host cost, or "
+                              "--from-json to refit saved measurements.")
+                raise typer.Exit(3)
+            meas = measure_cuda(mp, quick=quick, log=lambda s: console.print(s))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            raw = out.with_suffix(".measurements.json")
+            raw.write_text(json.dumps(meas.to_json(), indent=1))
+            console.print(f"wrote {raw}")
+            command = "kvsim calibrate-hw" + (" --quick" if quick else "")
+        fitted = fit_gpu_fields(meas, bp, mp)
+        preset = write_gpu_preset(out, bp, fitted, meas, name or f"{bp.name}-calibrated", command)
+    except (CalibrationError, PresetError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    for k, v in fitted.items():
+        console.print(f"{k:24s} {getattr(bp, k):>10.3f} -> {v:>10.3f}")
+    console.print(f"wrote {out} (preset {preset.name!r})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate-hw")(calibrate_hw)

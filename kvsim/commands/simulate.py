@@ -1,0 +1,209 @@
+"""``kvsim simulate``: predict ms/token, GPU memory and transfer cost on a GPU preset.
+
+Three inputs: a replay output directory (``<out>/steps/*.parquet`` + ``*.json`` RunFacts), an
+analytic policy description (``--policy wnw --tidal-heads 35 --retention 0.2``), or one of the
+documented tables (``--table wnw4`` / ``--table capacity``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=True, soft_wrap=True)
+
+
+def _split(values: list[str]) -> list[str]:
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def _step_logs(path: Path) -> list[tuple[str, Path, Path]]:
+    """(name, parquet, json) for every step log under a replay output directory."""
+    if path.is_file():
+        files = [path]
+    else:
+        d = path / "steps" if (path / "steps").is_dir() else path
+        files = sorted(d.glob("*.parquet"))
+    out = []
+    for pq in files:
+        js = pq.with_suffix(".json")
+        if not js.exists():
+            raise FileNotFoundError(f"{js}: RunFacts JSON missing next to {pq.name}")
+        out.append((pq.stem, pq, js))
+    if not out:
+        raise FileNotFoundError(f"{path}: no step logs (*.parquet with a .json RunFacts)")
+    return out
+
+
+def _load_facts(js: Path):
+    from kvsim.replay.steplog import RunFacts
+
+    try:
+        data = json.loads(js.read_text())
+        return RunFacts(**data)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise ValueError(f"{js}: not a RunFacts JSON ({exc})") from None
+
+
+def _markdown(frame) -> str:
+    """A GitHub markdown table of a polars frame (floats to 4 significant digits)."""
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+        return str(v)
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in frame.iter_rows()]
+    return "\n".join(lines)
+
+
+def _print(rows: list[dict], title: str) -> None:
+    cols = ["name", "gpu", "mode", "batch", "ms_per_token_median", "ms_per_token_mean",
+            "tokens_per_s", "peak_gpu_gib", "h2d_mb_per_step", "h2d_copies_per_step",
+            "transfer_wait_share"]
+    if rows and "max_batch" in rows[0]:
+        cols += ["max_batch", "tokens_per_s_at_max_batch"]
+    heads = {"ms_per_token_median": "ms/tok med", "ms_per_token_mean": "ms/tok mean",
+             "tokens_per_s": "tok/s", "peak_gpu_gib": "peak GiB", "h2d_mb_per_step": "MB/step",
+             "h2d_copies_per_step": "copies/step", "transfer_wait_share": "xfer share",
+             "max_batch": "max batch", "tokens_per_s_at_max_batch": "tok/s @max"}
+    t = Table(title=title)
+    for c in cols:
+        t.add_column(heads.get(c, c), justify="left" if c in ("name", "gpu", "mode") else "right")
+    for r in rows:
+        t.add_row(*[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols])
+    Console(width=max(Console().width, 200)).print(t)
+
+
+def simulate(
+    runs: Annotated[Path | None, typer.Argument(help="Replay output dir (with steps/), a steps/ dir or one step-log .parquet")] = None,
+    gpu: Annotated[list[str], typer.Option("--gpu", "-g", help="GPU presets (a100-80gb, h100-sxm, h200) or .toml paths, comma-separated")] = ["h100-sxm"],  # noqa: B006
+    mode: Annotated[list[str], typer.Option("--mode", "-m", help="sync | overlap | coalesced | sync-run | overlap-run (+graphs), comma-separated")] = ["sync"],  # noqa: B006
+    runtime: Annotated[str, typer.Option(help="Host runtime preset: hf-sdpa, hf-eager, static-graphs")] = "hf-sdpa",
+    model: Annotated[str | None, typer.Option(help="Model preset (analytic mode; overrides RunFacts.model for step logs)")] = None,
+    batch: Annotated[int, typer.Option(help="Identical sequences decoded together")] = 1,
+    policy: Annotated[str | None, typer.Option(help="Analytic mode: full | snapkv | wnw")] = None,
+    retention: Annotated[float, typer.Option(help="Analytic mode: target r_GPU (audio KV fraction on GPU)")] = 0.2,
+    tidal_heads: Annotated[int, typer.Option(help="Analytic WnW: tidal heads")] = 85,
+    anchor_heads: Annotated[int, typer.Option(help="Analytic WnW: anchor heads")] = 5,
+    audio_minutes: Annotated[float, typer.Option(help="Analytic mode: audio length")] = 4.0,
+    churn: Annotated[float, typer.Option(help="Analytic WnW: extra re-fetches of released segments per step (sensitivity; default 0)")] = 0.0,
+    decode_steps: Annotated[int | None, typer.Option(help="Analytic mode: decode steps (default: transcript length of the audio)")] = None,
+    capacity: Annotated[bool, typer.Option("--capacity", help="Also report the largest batch that fits and its tokens/s")] = False,
+    capacity_gib: Annotated[float | None, typer.Option(help="GPU memory cap for --capacity (default: the GPU preset's)")] = None,
+    markdown: Annotated[bool, typer.Option(help="Print results as a markdown table")] = False,
+    table: Annotated[str | None, typer.Option(help="Print a documented table: wnw4 | capacity | memory (WnW Fig. 4 analogue; chart with --out)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write sim_results.parquet and per-step parquet here")] = None,
+) -> None:
+    """Simulate decode steps on a SimPy model of the host, CUDA streams, HBM and PCIe."""
+    import polars as pl
+
+    from kvsim.sim import (
+        AnalyticError,
+        AnalyticPolicy,
+        ModeError,
+        PresetError,
+        SimMode,
+        WorkloadError,
+        analytic_workload,
+        from_step_log,
+        max_batch,
+        model_preset,
+        simulate_workload,
+    )
+
+    try:
+        if table:
+            from kvsim.sim import tables
+
+            pl.Config.set_tbl_cols(20)
+            pl.Config.set_tbl_width_chars(250)
+            pl.Config.set_tbl_rows(50)
+            if table == "wnw4":
+                frame = tables.wnw_table4(gpu=_split(gpu)[0], runtime=runtime)
+            elif table == "capacity":
+                frame = tables.capacity_table()
+            elif table == "memory":
+                frame = tables.memory_over_steps(model or "voxtral-mini-3b", _split(gpu)[0],
+                                                 audio_minutes * 60)
+                if out:
+                    from kvsim.plots import save_chart
+
+                    chart = tables.memory_chart(frame, f"GPU KV cache over decode steps ({model or 'voxtral-mini-3b'}, {audio_minutes:g} min audio)")
+                    for p in save_chart(chart, out / "memory_over_steps"):
+                        console.print(f"wrote {p}")
+                frame = frame.group_by("policy", "r_gpu").agg(
+                    pl.col("gib").first().alias("gib_first_step"), pl.col("gib").max().alias("gib_peak"),
+                    pl.col("gib").last().alias("gib_last_step")).sort("policy", "r_gpu")
+            else:
+                raise ValueError(f"unknown table {table!r}; use wnw4, capacity or memory")
+            print(_markdown(frame) if markdown else frame)
+            if out:
+                out.mkdir(parents=True, exist_ok=True)
+                frame.write_parquet(out / f"table_{table}.parquet")
+            return
+        gpus, modes = _split(gpu), _split(mode)
+        for m in modes:
+            SimMode.parse(m)
+        jobs = []
+        if runs is not None:
+            if policy:
+                raise ValueError("give either a replay directory or --policy, not both")
+            for name, pq, js in _step_logs(runs):
+                facts = _load_facts(js)
+                try:
+                    mp = model_preset(model or facts.model)
+                except PresetError as exc:
+                    raise PresetError(f"{js}: {exc} (or pass --model)") from None
+                jobs.append((name, from_step_log(pl.read_parquet(pq), facts), mp))
+        elif policy:
+            if not model:
+                raise ValueError("analytic mode needs --model (e.g. voxtral-mini-3b)")
+            mp = model_preset(model)
+            pol = AnalyticPolicy(policy, retention if policy != "full" else 1.0,
+                                 tidal_heads=tidal_heads if policy == "wnw" else 0,
+                                 anchor_heads=anchor_heads, churn_segments_per_step=churn)
+            wl = analytic_workload(mp, pol, audio_minutes * 60, decode_steps)
+            jobs.append((f"{mp.name}__{policy}__{pol.r_gpu:g}", wl, mp))
+        else:
+            raise ValueError("nothing to simulate: give a replay directory, --policy, or --table")
+        rows, frames = [], []
+        for name, wl, mp in jobs:
+            for g in gpus:
+                for m in modes:
+                    res = simulate_workload(wl, g, m, model=mp, runtime=runtime, batch=batch)
+                    row = {"name": name, **res.summary(), "mode": m}
+                    if capacity:
+                        b = max_batch(wl, g, m, model=mp, runtime=runtime, capacity_gib=capacity_gib)
+                        row["max_batch"] = b
+                        row["tokens_per_s_at_max_batch"] = (simulate_workload(
+                            wl, g, m, model=mp, runtime=runtime, batch=b).summary()["tokens_per_s"]
+                            if b else 0.0)
+                    rows.append(row)
+                    frames.append((f"{name}__{res.gpu}__{m}", res.per_step))
+    except (PresetError, WorkloadError, ModeError, AnalyticError, ValueError,
+            FileNotFoundError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    if markdown:
+        keep = ["name", "gpu", "mode", "batch", "ms_per_token_median", "ms_per_token_mean",
+                "peak_gpu_gib", "h2d_mb_per_step", "h2d_copies_per_step", "transfer_wait_share"]
+        keep += [k for k in ("max_batch", "tokens_per_s_at_max_batch") if k in rows[0]]
+        print(_markdown(pl.DataFrame(rows).select(keep)))
+    else:
+        _print(rows, f"kvsim simulate ({runtime})")
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        pl.DataFrame(rows).write_parquet(out / "sim_results.parquet")
+        (out / "sim_steps").mkdir(exist_ok=True)
+        for name, frame in frames:
+            frame.write_parquet(out / "sim_steps" / f"{name}.parquet")
+        console.print(f"wrote {out}/sim_results.parquet and {len(frames)} per-step logs")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(simulate)

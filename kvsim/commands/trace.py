@@ -1,0 +1,114 @@
+"""``kvsim trace``: record what a real backbone computes on audio inputs (see docs/tracer.md)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from tracer.audio import AudioError  # noqa: F401  (import check: tracer is importable)
+
+AUDIO_EXTS = (".wav", ".flac", ".ogg", ".mp3")
+
+
+def expand_inputs(inputs: list[Path]) -> list[Path]:
+    """Files as given; directories searched (recursively) for wav/flac/ogg/mp3 files."""
+    out: list[Path] = []
+    for p in inputs:
+        if p.is_dir():
+            out.extend(sorted(f for f in p.rglob("*") if f.suffix.lower() in AUDIO_EXTS))
+        else:
+            out.append(p)
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("trace")
+    def trace(
+        inputs: list[Path] = typer.Argument(..., help="Audio files (wav/flac/ogg/mp3) or folders."),
+        model: str = typer.Option(..., "--model", "-m",
+                                  help="voxtral-mini, voxtral-small, qwen-omni, minivox, or a "
+                                       "checkpoint directory."),
+        out: Path = typer.Option(..., "--out", "-o", help="Folder for the *.kvtrace traces."),
+        reference: Path | None = typer.Option(
+            None, "--reference", "-r",
+            help="Reference transcript (.txt) or word alignment (.json/.tsv) for one input, or a "
+                 "folder of <stem>.txt / <stem>.words.json|.words.tsv (also looked up next to "
+                 "each audio file)."),
+        task: str = typer.Option("transcribe", "--task", help="transcribe or translate."),
+        language: str | None = typer.Option(
+            None, "--language", help="Source language (transcribe) or target (translate), "
+                                     "ISO 639-1."),
+        prompt: str | None = typer.Option(None, "--prompt", help="Instruction replacing the "
+                                                                 "task's default text."),
+        max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1),
+        device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
+        dtype: str = typer.Option("float32", "--dtype", help="Weights dtype: float32, bfloat16, "
+                                                             "float16."),
+        store_dtype: str = typer.Option("float16", "--store-dtype",
+                                        help="Trace tensor dtype: float16 or float32."),
+        values: bool = typer.Option(False, "--values", help="Also store values (V)."),
+        aligner: str = typer.Option("auto", "--aligner",
+                                    help="Word alignment: auto (reference file, else Whisper), "
+                                         "reference, whisper, none."),
+        calibrate: bool = typer.Option(False, "--calibrate",
+                                       help="Also compute WnW head scores over these inputs and "
+                                            "store them in every trace (and OUT/heads.json)."),
+        overwrite: bool = typer.Option(False, "--overwrite",
+                                       help="Retrace inputs whose trace is already complete."),
+    ) -> None:
+        """Trace INPUTS with a real backbone: one *.kvtrace per input."""
+        from rich.console import Console
+
+        from tracer.backbones import BackboneError, LoadOptions, PromptSpec, resolve_model
+        from tracer.backbones.base import TASKS
+        from tracer.batch import ALIGNERS, BatchConfig, run_batch, summary_table
+        from tracer.run import TraceOptions
+
+        console = Console(stderr=True)
+        if task not in TASKS:
+            raise typer.BadParameter(f"must be one of {', '.join(TASKS)}", param_hint="--task")
+        if aligner not in ALIGNERS:
+            raise typer.BadParameter(f"must be one of {', '.join(ALIGNERS)}",
+                                     param_hint="--aligner")
+        if store_dtype not in ("float16", "float32"):
+            raise typer.BadParameter("must be float16 or float32", param_hint="--store-dtype")
+        if reference is not None and not reference.exists():
+            raise typer.BadParameter(f"{reference}: not found", param_hint="--reference")
+        from tracer.backbones.base import check_device_dtype
+
+        try:
+            resolve_model(model)
+            check_device_dtype(device, dtype)
+        except (BackboneError, ValueError) as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from None
+        files = expand_inputs(inputs)
+        if not files:
+            console.print("[red]error:[/] no audio inputs found")
+            raise typer.Exit(2)
+        cfg = BatchConfig(
+            model=model, out_dir=out,
+            options=TraceOptions(max_new_tokens=max_new_tokens, store_values=values,
+                                 storage_dtype=store_dtype,
+                                 prompt=PromptSpec(task=task, language=language, text=prompt)),
+            load=LoadOptions(device=device, dtype=dtype), reference=reference,
+            aligner=aligner, overwrite=overwrite,
+        )
+        t0 = time.perf_counter()
+        try:
+            results = run_batch(files, cfg, console)
+            if calibrate:
+                from tracer.calibrate import CalibrationConfig, calibrate_into_traces
+
+                calibrate_into_traces(results, cfg, CalibrationConfig(), console)
+        except BackboneError as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from None
+        except ValueError as exc:
+            console.print(f"[red]error:[/] {str(exc).splitlines()[0]}")
+            raise typer.Exit(2) from None
+        console.print(summary_table(results, time.perf_counter() - t0))
+        if any(r.status == "failed" for r in results):
+            raise typer.Exit(1)

@@ -1,0 +1,1 @@
+"""Preset data files for the hardware simulator: gpus/, models/, runtimes/ (TOML with sources)."""

@@ -1,0 +1,1 @@
+"""Preset data files (TOML), loaded by kvsim.sim.presets."""
