@@ -22,7 +22,7 @@ SCREEN = [
 
 def live(
     inputs: Annotated[list[Path] | None, typer.Argument(help="Audio files or folders (*.wav/*.flac + same-stem .txt)")] = None,
-    model: Annotated[str, typer.Option("--model", "-m", help="tiny | tiny:<seed> | minivox | minivox:<dir>")] = "minivox",
+    model: Annotated[str, typer.Option("--model", "-m", help="tiny | tiny:<seed> | minivox | voxtral-mini | qwen-omni | checkpoint dir")] = "minivox",
     policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policies, comma-separated; name:key=value for hyperparameters")] = ["full"],  # noqa: B006
     budget: Annotated[str, typer.Option("--budget", "-b", help="Target r_GPU values, comma-separated")] = "1.0",
     reference: Annotated[list[str] | None, typer.Option("--reference", "-r", help="Reference text (or .txt file) per input, in order")] = None,

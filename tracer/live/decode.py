@@ -131,8 +131,9 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
             t1 = time.perf_counter()
             ids = torch.tensor([[tokens[-1]]], dtype=torch.long, device=device)
             pos = torch.tensor([n + step], dtype=torch.long, device=device)
+            # position ids are left to the model (Qwen's M-RoPE offsets come from its prefill)
             out = model(input_ids=ids, cache=cache, use_cache=True, cache_position=pos,
-                        position_ids=pos[None], logits_to_keep=1)
+                        logits_to_keep=1)
             tokens.append(_argmax(out.logits))
             _sync(device)
             step_ms.append(1e3 * (time.perf_counter() - t1))

@@ -4,8 +4,8 @@ its input embeddings, EOS ids, head layout) and two implementations:
 * ``tiny`` -- a random-weight ``LlamaForCausalLM`` whose "audio" positions carry a fixed random
   projection of log-energy frames of the waveform (12.5 frames/s). Deterministic from its seed;
   used by the tests and for smoke runs on any machine. Its transcripts are meaningless.
-* ``minivox`` -- the project's trained speech LLM (``tracer.minivox.load_minivox``, docs/minivox.md),
-  a Voxtral subclass with a stock Llama decoder.
+* any backbone of :mod:`tracer.backbones` (``minivox``, Voxtral, Qwen2.5-Omni thinker, or a local
+  checkpoint directory), with its real processor and chat template.
 
 Both are loaded with the live attention (:data:`tracer.live.attention.LIVE_ATTN`) on the text
 decoder only.
@@ -206,57 +206,68 @@ class TinyBackbone(LiveModel):
         return self.model.get_input_embeddings()(ids).detach()
 
 
-# ----------------------------------------------------------------------------- minivox
-class MinivoxBackbone(LiveModel):
-    """The project's minivox (docs/minivox.md): Voxtral-style, Llama decoder, 12.5 tok/s."""
+# ----------------------------------------------------------------------------- tracer backbones
+class TracerLive(LiveModel):
+    """Any backbone of :mod:`tracer.backbones` (minivox, Voxtral, Qwen2.5-Omni thinker), loaded
+    with its own processor and chat template, the live attention on its text decoder."""
 
-    name = "minivox"
-
-    def __init__(self, path: str | None = None, device: str = "cpu", dtype: str = "float32") -> None:
+    def __init__(self, model: str, device: str = "cpu", dtype: str = "float32") -> None:
         super().__init__()
+        from tracer.backbones import BackboneError, LoadOptions, load_backbone
+
         try:
-            from tracer.minivox import load_minivox
-        except ImportError as exc:
-            raise ValueError(f"--model minivox: tracer.minivox is not available here ({exc})") from None
-        model, processor = load_minivox(path=path, device=device, dtype=getattr(torch, dtype),
-                                        attn_implementation={"text_config": register_live_attention()})
-        self.model, self.processor = model.eval(), processor
-        self.tokenizer = processor.tokenizer
-        self.audio_tokens_per_s = float(processor.audio_tokens_per_second)
-        self.audio_token_id = int(model.config.audio_token_id)
+            self.bb = load_backbone(model, LoadOptions(device=device, dtype=dtype, trace_attention=False))
+        except BackboneError as exc:
+            raise ValueError(str(exc)) from None
+        self.bb.model.set_attn_implementation({"text_config": register_live_attention()})
+        self.model = self.bb.model
+        self.tokenizer = self.bb.tokenizer
+        self.name = self.bb.name
+        self.family = self.bb.family
+        self.audio_tokens_per_s = float(self.bb.audio_tokens_per_s)
+        self.sample_rate = int(self.bb.sample_rate)
 
     def prepare(self, audio: np.ndarray, instruction: str | None = None) -> LivePrompt:
-        feats = self.processor(audio=np.asarray(audio, dtype=np.float32), text=instruction)
-        inputs = {k: v.to(self.device) for k, v in feats.items()}
-        ids = inputs["input_ids"][0].cpu().numpy()
-        pos = np.flatnonzero(ids == self.audio_token_id)
-        k = np.arange(len(pos))
+        from pathlib import Path
+
+        from tracer.audio import AudioClip
+        from tracer.backbones import PromptSpec
+
+        clip = AudioClip(Path("<memory>"), np.asarray(audio, dtype=np.float32), self.sample_rate,
+                         self.sample_rate, 1)
+        prep = self.bb.prepare(clip, PromptSpec(text=instruction))
+        n_a = len(prep.audio_positions)
         return LivePrompt(
-            model_inputs=inputs, n_prompt=len(ids), audio_positions=pos,
-            audio_start_s=k / self.audio_tokens_per_s, audio_end_s=(k + 1) / self.audio_tokens_per_s,
-            duration_s=len(audio) / self.sample_rate, original_n_audio=len(pos),
-            span_kinds=["audio"] * len(pos),
+            model_inputs=dict(prep.inputs), n_prompt=prep.n_prompt,
+            audio_positions=np.asarray(prep.audio_positions, dtype=np.int64),
+            audio_start_s=np.asarray(prep.audio_start_s, dtype=np.float64),
+            audio_end_s=np.asarray(prep.audio_end_s, dtype=np.float64),
+            duration_s=clip.duration_s, original_n_audio=n_a, span_kinds=["audio"] * n_a,
         )
 
     @torch.no_grad()
     def embed(self, prompt: LivePrompt) -> torch.Tensor:
+        if self.family not in ("voxtral", "minivox"):
+            raise ValueError(f"{self.name}: input transforms support Voxtral-family backbones only")
         m = self.model
         ids = prompt.model_inputs["input_ids"]
         emb = m.get_input_embeddings()(ids)
         audio = m.get_audio_features(prompt.model_inputs["input_features"], return_dict=True).pooler_output
-        mask = (ids == self.audio_token_id).unsqueeze(-1).expand_as(emb)
+        mask = (ids == self.bb.audio_token_id).unsqueeze(-1).expand_as(emb)
         return emb.masked_scatter(mask, audio.to(emb.dtype))
 
     def text_embeddings(self, text: str) -> torch.Tensor:
         ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
         return self.model.get_input_embeddings()(ids.to(self.device)).detach()
 
+    def decode(self, ids: list[int]) -> str:
+        return self.bb.decode(ids)
+
 
 def load_backbone(name: str, device: str = "cpu", dtype: str = "float32") -> LiveModel:
-    """``tiny`` | ``tiny:<seed>`` | ``minivox`` | ``minivox:<dir>``."""
+    """``tiny`` | ``tiny:<seed>`` (random test backbone), or any ``--model`` of ``kvsim trace``
+    (``minivox``, ``voxtral-mini``, ``qwen-omni``, a local checkpoint directory)."""
     kind, _, arg = name.partition(":")
     if kind == "tiny":
         return TinyBackbone(TinyConfig(seed=int(arg) if arg else 0), device=device)
-    if kind == "minivox":
-        return MinivoxBackbone(arg or None, device=device, dtype=dtype)
-    raise ValueError(f"--model {name!r}: unknown backbone; use tiny, tiny:<seed>, minivox or minivox:<dir>")
+    return TracerLive(name, device=device, dtype=dtype)
