@@ -209,3 +209,17 @@ def test_live_rejects_a_model_without_live_attention(prompt):
     other.model.set_attn_implementation("sdpa")
     with pytest.raises(ValueError, match="kvsim_live"):
         live_generate(other, prompt, PolicySpec("full", 1.0), LiveConfig(max_new_tokens=2))
+
+
+@pytest.mark.parametrize("physical", [False, True])
+def test_shared_prefill_gives_the_same_run(lm, prompt, scores, physical):
+    from tracer.live.decode import prefill_once
+
+    shared = prefill_once(lm, prompt)
+    for name in ("wnw", "arkvale"):
+        cfg = LiveConfig(max_new_tokens=N_NEW, physical=physical, head_scores=scores)
+        a = live_generate(lm, prompt, PolicySpec(name, 0.3), cfg)
+        b = live_generate(lm, prompt, PolicySpec(name, 0.3), cfg, prefilled=shared)
+        assert a.tokens == b.tokens
+        assert a.step_log.equals(b.step_log)
+        np.testing.assert_array_equal(a.tiers_after_prefill, b.tiers_after_prefill)

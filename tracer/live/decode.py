@@ -83,14 +83,52 @@ def plain_generate(lm: LiveModel, prompt: LivePrompt, max_new_tokens: int) -> li
     return seq
 
 
+@dataclass
+class Prefilled:
+    """The full-attention prefill of one prompt, shared by every policy run on it (the prefill
+    is policy-independent: compression applies to decoding)."""
+
+    cache: Any
+    first_token: int
+    queries: list[np.ndarray]
+    keys: list[np.ndarray]
+    seconds: float
+
+
 @torch.no_grad()
-def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: LiveConfig) -> LiveRun:
+def prefill_once(lm: LiveModel, prompt: LivePrompt) -> Prefilled:
+    """Run the prefill once, capturing the observation-window queries and prompt keys."""
+    from transformers import DynamicCache
+
+    from policies import registry
+
+    ctx = PolicyContext(heads=lm.layout, n_audio=prompt.n_audio, audio_tokens_per_s=lm.audio_tokens_per_s,
+                        n_prefill=prompt.n_prompt)
+    session = LiveSession(registry.make("full", 1.0), ctx, prompt.audio_positions, prompt.n_prompt)
+    cache = DynamicCache(config=lm.model.config)
+    token = ACTIVE.set(session)
+    try:
+        t0 = time.perf_counter()
+        out = lm.model(**prompt.prefill_inputs(), cache=cache, use_cache=True, logits_to_keep=1)
+        _sync(lm.device)
+        secs = time.perf_counter() - t0
+    finally:
+        ACTIVE.reset(token)
+    return Prefilled(cache, _argmax(out.logits), list(session._pq), list(session._pk), secs)
+
+
+@torch.no_grad()
+def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: LiveConfig,
+                  prefilled: Prefilled | None = None) -> LiveRun:
     """Greedy decoding of ``prompt`` with ``spec``'s policy managing the audio KV.
 
     Prefill runs with full attention (compression applies to decoding, as in WnW §3.3); the
     policy then sets tiers from the observation-window attention and updates them after every
     step; attention of every decode step reads only what the policy keeps (and selects).
+    ``prefilled`` (from :func:`prefill_once` on the same prompt) skips recomputing the prefill.
     """
+    import copy
+
     from transformers import DynamicCache
 
     if lm.text_config._attn_implementation != LIVE_ATTN:
@@ -105,7 +143,7 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
                           check_invariants=cfg.check_invariants)
     session.dtype_bytes = lm.dtype_bytes
     eos = lm.eos_ids
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config) if prefilled is None else copy.deepcopy(prefilled.cache)
     token = ACTIVE.set(session)
     step_ms: list[float] = []
     tokens: list[int] = []
@@ -115,14 +153,19 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
         torch.cuda.reset_peak_memory_stats(device)
     try:
         t0 = time.perf_counter()
-        out = model(**prompt.prefill_inputs(), cache=cache, use_cache=True, logits_to_keep=1)
+        if prefilled is None:
+            out = model(**prompt.prefill_inputs(), cache=cache, use_cache=True, logits_to_keep=1)
+            first = _argmax(out.logits)
+        else:
+            session._pq, session._pk = list(prefilled.queries), list(prefilled.keys)
+            first = prefilled.first_token
         tiers0 = session.finish_prefill()
         if cfg.physical:
             session.cache = cache
             stats = install_offload(cache, prompt.audio_positions, tiers0 == 2, device)
         _sync(device)
-        prefill_s = time.perf_counter() - t0
-        tokens.append(_argmax(out.logits))
+        prefill_s = time.perf_counter() - t0 + (prefilled.seconds if prefilled is not None else 0.0)
+        tokens.append(first)
         terminated = tokens[-1] in eos
         n = prompt.n_prompt
         step = 0

@@ -15,7 +15,7 @@ from kvsim.replay.engine import PolicySpec
 from kvsim.trace.atomic import atomic_file, atomic_write_text
 from policies.base import MissingCalibrationError
 from tracer.live.data import LiveInput
-from tracer.live.decode import LiveConfig, LiveRun, live_generate
+from tracer.live.decode import LiveConfig, LiveRun, live_generate, prefill_once
 from tracer.live.metrics import bleu, truncated_wer
 from tracer.live.models import LiveModel, LivePrompt
 
@@ -31,6 +31,7 @@ class LiveJob:
     transforms: dict[str, TransformFn | None] = field(default_factory=lambda: {"none": None})
     max_seconds: float | None = None
     instruction: str | None = None
+    share_prefill: bool = True  #: one prefill per (input, transform), copied for every policy
 
 
 def score_row(run: LiveRun, item: LiveInput, reference: str | None) -> dict[str, Any]:
@@ -60,12 +61,13 @@ def run_live(lm: LiveModel, job: LiveJob, out: Path | None = None,
             t0 = time.perf_counter()
             prompt = base if tfn is None else tfn(lm, base, audio)
             t_transform = time.perf_counter() - t0
+            shared = prefill_once(lm, prompt) if job.share_prefill else None
             for spec in job.specs:
                 if (spec.label, spec.budget) in failed:
                     continue
                 t1 = time.perf_counter()
                 try:
-                    run = live_generate(lm, prompt, spec, job.cfg)
+                    run = live_generate(lm, prompt, spec, job.cfg, prefilled=shared)
                 except MissingCalibrationError as exc:
                     # a policy that cannot run is reported once; the others go on (as replay)
                     failed.add((spec.label, spec.budget))
