@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
                 "n_audio": prompt.n_audio, "steps": s["steps"], "ms_per_token": round(s["ms_per_token"], 3),
                 "r_gpu": round(s["r_gpu"], 4), "h2d_mb_per_step": round(s["h2d_mb_per_step"], 4),
                 "device_audio_mb": round(s.get("device_audio_mb", float("nan")), 3),
+                "physical_h2d_mb_per_step": round(s.get("physical_h2d_mb_per_step", float("nan")), 4),
                 "peak_mem_mb": round(s.get("peak_mem_mb", float("nan")), 1),
                 "policy_seconds": round(s["policy_seconds"], 3), "wall_s": round(time.perf_counter() - t0, 2),
             }), flush=True)
