@@ -53,3 +53,16 @@ def test_live_cli_skips_uncalibrated_policy(tmp_path):
     assert res.exit_code == 0, res.output
     assert "skipping wnw" in res.output
     assert pl.read_parquet(tmp_path / "o" / "runs.parquet")["policy"].to_list() == ["full"]
+
+
+def test_make_plan_combinations():
+    from tracer.live.run import make_plan
+
+    plan = make_plan(["full,snapkv:window=4", "voxzip1/voxzip,affpool/full"], [0.2, 0.4], "none,affpool:0.5")
+    got = {(p.transform, p.spec.label, p.spec.budget) for p in plan}
+    assert ("none", "snapkv(window=4)", 0.2) in got and ("affpool:0.5", "snapkv(window=4)", 0.4) in got
+    assert ("voxzip1", "voxzip", 0.4) in got and ("none", "voxzip", 0.4) not in got
+    assert ("affpool:0.2", "full", 0.2) in got and ("affpool:0.4", "full", 0.4) in got
+    assert len(plan) == 2 * 2 * 2 + 2 + 2
+    with pytest.raises(ValueError, match="unknown"):
+        make_plan(["zip/full"], [0.2])

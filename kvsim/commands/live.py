@@ -13,7 +13,7 @@ console = Console(stderr=True, soft_wrap=True)
 
 SCREEN = [
     ("transform", "input", "{}"), ("label", "policy", "{}"), ("budget", "target r", "{:.2f}"),
-    ("r_gpu", "r_GPU", "{:.3f}"), ("r_gpu_cpu", "r_GPU+CPU", "{:.3f}"), ("wer", "WER", "{:.3f}"),
+    ("r_gpu", "r_GPU", "{:.3f}"), ("r_gpu_vs_original", "r_GPU (orig.)", "{:.3f}"), ("r_gpu_cpu", "r_GPU+CPU", "{:.3f}"), ("wer", "WER", "{:.3f}"),
     ("bleu", "BLEU", "{:.1f}"), ("length_ratio", "hyp/ref", "{:.2f}"),
     ("termination_rate", "terminated", "{:.2f}"), ("h2d_mb_per_step", "H2D MB/step", "{:.3f}"),
     ("ms_per_token", "ms/token", "{:.1f}"),
@@ -23,7 +23,7 @@ SCREEN = [
 def live(
     inputs: Annotated[list[Path] | None, typer.Argument(help="Audio files or folders (*.wav/*.flac + same-stem .txt)")] = None,
     model: Annotated[str, typer.Option("--model", "-m", help="tiny | tiny:<seed> | minivox | voxtral-mini | qwen-omni | checkpoint dir")] = "minivox",
-    policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policies, comma-separated; name:key=value for hyperparameters")] = ["full"],  # noqa: B006
+    policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policies, comma-separated; name:key=value for hyperparameters; TRANSFORM/name for a transform+policy method (voxzip1/voxzip, affpool/full)")] = ["full"],  # noqa: B006
     budget: Annotated[str, typer.Option("--budget", "-b", help="Target r_GPU values, comma-separated")] = "1.0",
     reference: Annotated[list[str] | None, typer.Option("--reference", "-r", help="Reference text (or .txt file) per input, in order")] = None,
     dataset: Annotated[str | None, typer.Option(help="Dataset layout: dir | librispeech-long | primock57 | manifest")] = None,
@@ -45,17 +45,16 @@ def live(
     truncated WER / BLEU, termination, measured r_GPU and r_GPU+CPU, H2D traffic, ms/token."""
     import torch
 
-    from kvsim.specs import parse_budgets, parse_policies
+    from kvsim.specs import parse_budgets
     from kvsim.trace.heads import read_heads
     from tracer.live.data import DataError, from_paths, load_dataset
     from tracer.live.decode import LiveConfig
     from tracer.live.models import load_backbone
-    from tracer.live.run import LiveJob, run_live, wer_chart
-    from tracer.transforms import parse_transforms
+    from tracer.live.run import LiveJob, make_plan, run_live, wer_chart
 
     torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "1")))
     try:
-        specs = [s for b in parse_budgets(budget) for s in parse_policies(policy, b)]
+        plan = make_plan(policy, parse_budgets(budget), transform)
         if dataset:
             if not inputs or len(inputs) != 1:
                 raise DataError("--dataset takes exactly one root folder (or manifest) argument")
@@ -68,14 +67,13 @@ def live(
             raise DataError(f"--task {task!r}: transcribe or translate")
         for it in items:
             it.task = task
-        transforms = parse_transforms(transform)
         scores = read_heads(calibration) if calibration else None
         lm = load_backbone(model, device=device, dtype=dtype)
     except (ValueError, KeyError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
     cfg = LiveConfig(max_new_tokens=max_new_tokens, physical=physical, head_scores=scores)
-    job = LiveJob(items, specs, cfg, transforms, max_seconds=max_seconds, instruction=instruction)
+    job = LiveJob(items, plan, cfg, max_seconds=max_seconds, instruction=instruction)
     t0 = time.perf_counter()
     try:
         frame = run_live(lm, job, out, log=lambda m: console.print(m))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,21 +17,52 @@ from policies.base import MissingCalibrationError
 from tracer.live.data import LiveInput
 from tracer.live.decode import LiveConfig, LiveRun, live_generate, prefill_once
 from tracer.live.metrics import bleu, truncated_wer
-from tracer.live.models import LiveModel, LivePrompt
+from tracer.live.models import LiveModel
 
-#: name -> function(model, prompt, audio) -> transformed prompt (see tracer.transforms)
-TransformFn = Callable[[LiveModel, LivePrompt, Any], LivePrompt]
+
+@dataclass(frozen=True)
+class PlanItem:
+    """One method: an input transform (or none) followed by a policy at a budget."""
+
+    transform: str
+    spec: PolicySpec
 
 
 @dataclass
 class LiveJob:
     inputs: Sequence[LiveInput]
-    specs: Sequence[PolicySpec]
+    plan: Sequence[PlanItem]
     cfg: LiveConfig
-    transforms: dict[str, TransformFn | None] = field(default_factory=lambda: {"none": None})
     max_seconds: float | None = None
     instruction: str | None = None
     share_prefill: bool = True  #: one prefill per (input, transform), copied for every policy
+
+
+def make_plan(policy_args: Sequence[str], budgets: Sequence[float], transforms: str = "none") -> list[PlanItem]:
+    """Methods from ``--policy`` items and ``--transform``.
+
+    ``name[:k=v...]`` runs on every transform of ``--transform``; ``TRANSFORM/name[:k=v...]``
+    runs only on that transform (``voxzip1/voxzip`` = VoxZip stages 1+2). ``affpool`` without
+    a retention in a combination takes the budget as its retention (``affpool/full`` is AffPool
+    at r_GPU = budget, as a token-merging baseline).
+    """
+    from kvsim.specs import parse_policies
+    from tracer.transforms import parse_transforms
+
+    crossed = list(parse_transforms(transforms))
+    plan: list[PlanItem] = []
+    for arg in policy_args:
+        for item in filter(None, (x.strip() for x in arg.split(","))):
+            tname, sep, pol = item.rpartition("/")
+            for b in budgets:
+                for spec in parse_policies([pol], b):
+                    if not sep:
+                        plan += [PlanItem(t, spec) for t in crossed]
+                        continue
+                    t = f"affpool:{b:g}" if tname == "affpool" else tname
+                    parse_transforms(t)  # validate
+                    plan.append(PlanItem(t, spec))
+    return plan
 
 
 def score_row(run: LiveRun, item: LiveInput, reference: str | None) -> dict[str, Any]:
@@ -54,23 +85,28 @@ def run_live(lm: LiveModel, job: LiveJob, out: Path | None = None,
     if out is not None:
         steps_dir = out / "steps"
         steps_dir.mkdir(parents=True, exist_ok=True)
+    from tracer.transforms import parse_transforms
+
+    order = list(dict.fromkeys(p.transform for p in job.plan))
+    fns = {t: parse_transforms(t)[t] for t in order}
     for item in job.inputs:
         audio, ref = item.load(job.max_seconds)
         base = lm.prepare(audio, job.instruction)
-        for tname, tfn in job.transforms.items():
+        for tname in order:
             t0 = time.perf_counter()
-            prompt = base if tfn is None else tfn(lm, base, audio)
+            prompt = base if fns[tname] is None else fns[tname](lm, base, audio)
             t_transform = time.perf_counter() - t0
             shared = prefill_once(lm, prompt) if job.share_prefill else None
-            for spec in job.specs:
-                if (spec.label, spec.budget) in failed:
+            for spec in [p.spec for p in job.plan if p.transform == tname]:
+                key = (tname, spec.label, spec.budget)
+                if key in failed:
                     continue
                 t1 = time.perf_counter()
                 try:
                     run = live_generate(lm, prompt, spec, job.cfg, prefilled=shared)
                 except MissingCalibrationError as exc:
                     # a policy that cannot run is reported once; the others go on (as replay)
-                    failed.add((spec.label, spec.budget))
+                    failed.add(key)
                     log(f"skipping {spec.label}@{spec.budget:g}: {exc}")
                     continue
                 row = score_row(run, item, ref)
@@ -87,16 +123,21 @@ def run_live(lm: LiveModel, job: LiveJob, out: Path | None = None,
                     with atomic_file(steps_dir / f"{name}.parquet") as tmp:
                         run.step_log.write_parquet(tmp)
                     atomic_write_text(steps_dir / f"{name}.json", json.dumps(run.facts.to_json(), indent=1))
+        if out is not None and rows:  # partial results survive an interrupted long run
+            _write(out, pl.DataFrame(rows))
     if not rows:
         raise ValueError("no live run completed")
     frame = pl.DataFrame(rows)
     if out is not None:
-        with atomic_file(out / "runs.parquet") as tmp:
-            frame.write_parquet(tmp)
-        agg = aggregate(frame)
-        with atomic_file(out / "results.parquet") as tmp:
-            agg.write_parquet(tmp)
+        _write(out, frame)
     return frame
+
+
+def _write(out: Path, frame: pl.DataFrame) -> None:
+    with atomic_file(out / "runs.parquet") as tmp:
+        frame.write_parquet(tmp)
+    with atomic_file(out / "results.parquet") as tmp:
+        aggregate(frame).write_parquet(tmp)
 
 
 def aggregate(frame: pl.DataFrame) -> pl.DataFrame:
@@ -117,12 +158,14 @@ def wer_chart(results: pl.DataFrame, title: str = "Live decoding: truncated WER 
     """Altair chart of WER against measured r_GPU, one line per policy (and transform)."""
     import altair as alt
 
+    # x = GPU audio KV against the *untransformed* audio span, so input transforms compare
     data = results.with_columns(
         (pl.col("label") + pl.when(pl.col("transform") == "none").then(pl.lit(""))
          .otherwise(pl.lit(" + ") + pl.col("transform"))).alias("method"))
-    cols = ["method", "budget", "r_gpu", "wer", "termination_rate", "r_gpu_cpu"]
+    cols = ["method", "budget", "r_gpu_vs_original", "r_gpu", "wer", "termination_rate", "r_gpu_cpu"]
     base = alt.Chart(data.select([c for c in cols if c in data.columns])).encode(
-        x=alt.X("r_gpu:Q", title="measured r_GPU (audio KV on GPU)", scale=alt.Scale(domain=[0, 1])),
+        x=alt.X("r_gpu_vs_original:Q", title="measured r_GPU (audio KV on GPU / untransformed audio KV)",
+                scale=alt.Scale(domain=[0, 1])),
         y=alt.Y("wer:Q", title="truncated WER (WnW §3.5)"),
         color=alt.Color("method:N", title="policy"),
         tooltip=cols,
