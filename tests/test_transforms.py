@@ -31,8 +31,10 @@ def _times(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 # ----------------------------------------------------------------------------- AffPool
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(60, 400), target=st.floats(0.34, 1.0), seed=st.integers(0, 1000))
-def test_affpool_hits_target_retention(n, target, seed):
+@given(n=st.integers(60, 400), frac=st.floats(0.0, 1.0), seed=st.integers(0, 1000))
+def test_affpool_hits_target_retention(n, frac, seed):
+    lowest = int(np.ceil(n / 3)) / n  # window 3: at best every group has 3 tokens
+    target = lowest + frac * (1 - lowest)
     e = _smooth_embeds(n, seed=seed)
     out = affpool(e, *_times(n), retention=target)
     assert abs(out.retention - target) <= 0.02
