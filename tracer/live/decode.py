@@ -42,6 +42,7 @@ class LiveConfig:
     head_scores: HeadScores | None = None
     check_invariants: bool = True
     seed: int = 0
+    record_tiers: bool = False  #: keep the tiers after prefill and after every step
 
 
 @dataclass
@@ -56,6 +57,8 @@ class LiveRun:
     step_log: pl.DataFrame
     facts: RunFacts
     tiers_after_prefill: np.ndarray | None = None
+    tiers: list[np.ndarray] | None = None  #: with ``record_tiers``: after prefill, after each step
+    step_attention: list[np.ndarray] | None = None  #: with ``record_tiers``: StepView buffers
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -160,6 +163,8 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
             session._pq, session._pk = list(prefilled.queries), list(prefilled.keys)
             first = prefilled.first_token
         tiers0 = session.finish_prefill()
+        history = [tiers0.copy()] if cfg.record_tiers else None
+        attention: list[np.ndarray] = []
         if cfg.physical:
             session.cache = cache
             stats = install_offload(cache, prompt.audio_positions, tiers0 == 2, device)
@@ -180,7 +185,11 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
             tokens.append(_argmax(out.logits))
             _sync(device)
             step_ms.append(1e3 * (time.perf_counter() - t1))
+            if history is not None and session.buffer is not None:
+                attention.append(session.buffer.copy())
             session.end_step(step, n + step)
+            if history is not None:
+                history.append(session.tiers.copy())
             terminated = tokens[-1] in eos
             step += 1
         if device.type == "cuda":
@@ -208,7 +217,8 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
         policy=spec.label, budget=spec.budget, audio_tokens_per_s=lm.audio_tokens_per_s,
     )
     return LiveRun(spec=spec, tokens=tokens, text=text, terminated=terminated, summary=summary,
-                   step_log=log, facts=facts, tiers_after_prefill=tiers0)
+                   step_log=log, facts=facts, tiers_after_prefill=tiers0, tiers=history,
+                   step_attention=attention if cfg.record_tiers else None)
 
 
 def _summary(session: LiveSession, log: pl.DataFrame, ctx: PolicyContext, spec: PolicySpec,

@@ -96,7 +96,9 @@ def run_live(lm: LiveModel, job: LiveJob, out: Path | None = None,
             t0 = time.perf_counter()
             prompt = base if fns[tname] is None else fns[tname](lm, base, audio)
             t_transform = time.perf_counter() - t0
-            shared = prefill_once(lm, prompt) if job.share_prefill else None
+            # a shared prefill cache would sit on the accelerator and inflate physical-path memory
+            share = job.share_prefill and not (job.cfg.physical and lm.device.type == "cuda")
+            shared = prefill_once(lm, prompt) if share else None
             for spec in [p.spec for p in job.plan if p.transform == tname]:
                 key = (tname, spec.label, spec.budget)
                 if key in failed:
