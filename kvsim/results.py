@@ -81,3 +81,19 @@ def markdown_table(frame: pl.DataFrame, columns: Sequence[tuple[str, str, str]] 
             cells.append("-" if v is None or (isinstance(v, float) and v != v) else fmt.format(v))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def print_sim_table(frame: pl.DataFrame, console: Console | None = None, title: str = "simulated") -> None:
+    """On-screen table of simulator summaries (one row per run and mode)."""
+    console = console or Console()
+    table = Table(title=title, header_style="bold")
+    preferred = ("ms_per_token_mean", "ms_per_token_median", "tokens_per_s", "peak_gpu_gib",
+                 "h2d_mb_per_step", "h2d_copies_per_step", "transfer_wait_share")
+    numeric = [c for c in preferred if c in frame.columns]
+    keys = ["trace", "policy", "budget", "sim_mode"]
+    for c in keys + numeric:
+        table.add_column(c, justify="left" if c in ("trace", "policy", "sim_mode") else "right")
+    for row in frame.iter_rows(named=True):
+        table.add_row(*[str(row[c]) for c in keys[:2]], f"{row['budget']:.2f}", str(row["sim_mode"]),
+                      *[f"{row[c]:.4g}" if row[c] is not None else "-" for c in numeric])
+    console.print(table)

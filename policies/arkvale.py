@@ -51,7 +51,7 @@ from policies._pages import (
     reduce_group,
     top_pages,
 )
-from policies.base import Policy, PolicyContext, PrefillView, QueryView, Tier, topk_mask
+from policies.base import Policy, PolicyContext, PrefillView, QueryView, Tier, shared, topk_mask
 from policies.registry import register
 
 
@@ -182,8 +182,13 @@ class ArkVale(Policy):
 
     def page_scores(self, view: QueryView) -> np.ndarray:
         """Upper bound of ``q . k`` over every page box for the current query, (H_kv, n_pages)."""
-        boxes = self.digest(view.layer, view.audio_keys())
-        return self._combine(boxes.upper_bound(view.query()))
+        def compute() -> np.ndarray:
+            boxes = self.digest(view.layer, view.audio_keys())
+            return self._combine(boxes.upper_bound(view.query()))
+
+        # the bound does not depend on the budget: computed once per step and layer for all
+        # ArkVale runs with the same page geometry and reduction
+        return shared(view, ("arkvale", self.page_size, self.group_reduce, self.share_heads), compute)
 
     def _combine(self, per_q: np.ndarray) -> np.ndarray:
         """(H_kv, g, P) per-q-head page scores -> (H_kv, P), shared by the layer if asked."""

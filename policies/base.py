@@ -24,9 +24,10 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
@@ -40,6 +41,7 @@ class Tier(IntEnum):
 
 
 TIER_DTYPE = np.uint8
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,21 @@ class QueryView(Protocol):
     def audio_keys(self) -> np.ndarray:
         """Post-RoPE audio keys at this layer, shape (H_kv, T_a, D), float32."""
         ...
+
+
+def shared(view: QueryView, key: Hashable, compute: Callable[[], T]) -> T:
+    """``compute()``, shared by every policy that asks for ``key`` at this step and layer.
+
+    The replay engine drives many policies and budgets over the same query; quantities that do
+    not depend on the budget (Quest / ArkVale page bounds) are then computed once. A view
+    without a ``memo`` mapping (e.g. live decoding of one policy) just computes.
+    """
+    memo = getattr(view, "memo", None)
+    if memo is None:
+        return compute()
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
 
 
 @dataclass

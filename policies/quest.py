@@ -30,7 +30,7 @@ from policies._pages import (
     reduce_group,
     top_pages,
 )
-from policies.base import Policy, PolicyContext, PrefillView, QueryView, full_tiers
+from policies.base import Policy, PolicyContext, PrefillView, QueryView, full_tiers, shared
 from policies.registry import register
 
 
@@ -87,8 +87,12 @@ class Quest(Policy):
 
     def page_scores(self, view: QueryView) -> np.ndarray:
         """Criticality upper bound of every page for the current query, (H_kv, n_pages)."""
-        boxes = self.digest(view.layer, view.audio_keys())
-        return reduce_group(boxes.upper_bound(view.query()), self.group_reduce)
+        def compute() -> np.ndarray:
+            boxes = self.digest(view.layer, view.audio_keys())
+            return reduce_group(boxes.upper_bound(view.query()), self.group_reduce)
+
+        # independent of the budget: computed once per step and layer for all Quest runs
+        return shared(view, ("quest", self.page_size, self.group_reduce), compute)
 
     def select(self, view: QueryView) -> np.ndarray | None:
         if view.layer < self.dense_layers:

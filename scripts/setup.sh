@@ -10,7 +10,7 @@ fi
 python -m pip install -q --upgrade pip
 # The CPU build of torch (a plain `pip install torch` pulls a multi-GB CUDA build).
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[dev,speech]"
+python -m pip install -q -e ".[dev,speech,tracer]"
 # espeak-ng synthesises the project's own speech (minivox data and tests).
 if ! command -v espeak-ng >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   (apt-get update -qq && apt-get install -y -qq espeak-ng libespeak-ng1 >/dev/null) || \

@@ -60,3 +60,35 @@ def test_info_synth_policies_mismatch(tmp_path: Path) -> None:
     assert res.exit_code == 0 and "0.479" in res.output
     res = runner.invoke(app, ["synth", str(tmp_path / "x.kvtrace"), "--preset", "nope"])
     assert res.exit_code == 2 and "unknown backbone shape" in res.output
+
+
+def test_replay_with_simulation(tmp_path: Path) -> None:
+    make_trace(tmp_path / "m.kvtrace", preset="minivox", seconds=6, steps=5, seed=1)
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["replay", str(tmp_path / "m.kvtrace"), "-p", "full,streaming", "-o", str(out),
+                              "--simulate", "h100-sxm", "--sim-mode", "sync"])
+    assert res.exit_code == 0, res.output
+    sim = pl.read_parquet(out / "sim_results.parquet")
+    assert sim.height == 2 and set(sim["sim_mode"]) == {"sync"}
+    full = sim.filter(pl.col("policy") == "full")
+    stream = sim.filter(pl.col("policy") == "streaming")
+    # evicting 80% of the audio KV lowers the predicted peak GPU memory
+    assert stream["peak_gpu_bytes"][0] < full["peak_gpu_bytes"][0]
+    res = runner.invoke(app, ["replay", str(tmp_path / "m.kvtrace"), "-p", "full", "-o", str(out),
+                              "--simulate", "nope"])
+    assert res.exit_code == 2 and "unknown gpu preset" in res.output
+
+
+def test_replay_on_ray_matches_local(tmp_path: Path) -> None:
+    pytest = __import__("pytest")
+    ray = pytest.importorskip("ray")
+    make_trace(tmp_path / "tr" / "a.kvtrace", seed=1)
+    make_trace(tmp_path / "tr" / "b.kvtrace", seed=2)
+    local = runner.invoke(app, ["replay", str(tmp_path / "tr"), "-p", "snapkv", "-o", str(tmp_path / "l")])
+    remote = runner.invoke(app, ["replay", str(tmp_path / "tr"), "-p", "snapkv", "-o", str(tmp_path / "r"),
+                                 "--ray", "local"])
+    assert local.exit_code == 0 and remote.exit_code == 0, remote.output
+    a = pl.read_parquet(tmp_path / "l" / "results.parquet").sort("trace").drop("policy_seconds")
+    b = pl.read_parquet(tmp_path / "r" / "results.parquet").sort("trace").drop("policy_seconds")
+    assert a.equals(b)
+    ray.shutdown()

@@ -18,6 +18,7 @@ from kvsim.trace.heads import heads_from_json
 from kvsim.trace.schema import (
     HEADS_FILE,
     META_FILE,
+    OPTIONAL_POSITION_COLUMNS,
     POSITION_COLUMNS,
     POSITION_KINDS,
     POSITIONS_FILE,
@@ -178,6 +179,9 @@ class Trace:
             if col not in df.columns:
                 raise TraceError(str(f), col, "column missing")
             if df.schema[col] != dtype and not (df[col].null_count() == df.height):
+                raise TraceError(str(f), col, f"dtype {df.schema[col]} != {dtype}")
+        for col, dtype in OPTIONAL_POSITION_COLUMNS.items():
+            if col in df.columns and df.schema[col] != dtype and df[col].null_count() != df.height:
                 raise TraceError(str(f), col, f"dtype {df.schema[col]} != {dtype}")
         if df.height != self.meta.n_positions:
             raise TraceError(str(f), "position", f"{df.height} rows, meta.json says {self.meta.n_positions}")

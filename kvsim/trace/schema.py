@@ -46,6 +46,11 @@ POSITION_COLUMNS: dict[str, pl.DataType] = {
     "query_index": pl.Int64(),  # row in ``queries`` for this position, -1 when not stored
 }
 
+#: Optional columns: checked for type when present.
+OPTIONAL_POSITION_COLUMNS: dict[str, pl.DataType] = {
+    "word_confidence": pl.Float64(),  # aligner confidence of the word (voice-score filter)
+}
+
 
 class TraceError(Exception):
     """A trace is missing, corrupt or inconsistent. ``str()`` is one line naming the file and

@@ -3,21 +3,13 @@ a NaN/inf scan of every tensor, and the consistency of the positions table."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 
 from kvsim.trace.reader import Trace
 from kvsim.trace.schema import META_FILE, POSITIONS_FILE, TENSORS_FILE, TraceError
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+from kvsim.trace.writer import sha256_file
 
 
 def validate_trace(path: str | Path) -> Trace:
@@ -26,7 +18,7 @@ def validate_trace(path: str | Path) -> Trace:
     meta = trace.meta
     for name, entry in meta.files.items():
         f = trace.path / name
-        if entry.get("sha256") and _sha256(f) != entry["sha256"]:
+        if entry.get("sha256") and sha256_file(f) != entry["sha256"]:
             raise TraceError(str(f), "<file>", "SHA-256 does not match meta.json (corrupted)")
     tensors = str(trace.path / TENSORS_FILE)
     names = ["keys", "queries"] + (["values"] if meta.has_values else [])

@@ -99,7 +99,8 @@ def _check(data: TraceData) -> None:
         raise ValueError("every decode position needs a stored query")
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 4 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):
@@ -153,7 +154,7 @@ def write_trace(path: str | Path, data: TraceData, overwrite: bool = True) -> Pa
             )
             written.append(HEADS_FILE)
         meta.files = {
-            name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+            name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
             for name in written
         }
         (tmp / META_FILE).write_text(json.dumps(meta.to_json(), indent=1))

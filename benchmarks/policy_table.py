@@ -1,0 +1,85 @@
+"""The policy comparison table: every policy x r_GPU in {0.2, 0.4, 0.6, 0.8} on the shipped
+traces (means over traces), printed, written to docs/policy_table.md, the chart to
+docs/figures/policy_recall.{html,png}, and, with --readme, into README.md between the
+``<!-- policy-table:start -->`` / ``<!-- policy-table:end -->`` markers.
+
+Usage: python benchmarks/policy_table.py [TRACES...] [--readme]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import polars as pl  # noqa: E402
+
+from kvsim.plots import recall_vs_rgpu, save_chart  # noqa: E402
+from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace  # noqa: E402
+from kvsim.results import markdown_table  # noqa: E402
+from kvsim.specs import default_trace_dir  # noqa: E402
+from kvsim.trace import Trace, find_traces  # noqa: E402
+from kvsim.trace.atomic import atomic_write_text  # noqa: E402
+from policies import registry  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+BUDGETS = (0.2, 0.4, 0.6, 0.8)
+COLUMNS = [
+    ("label", "policy", "{}"),
+    ("budget", "target r", "{:.1f}"),
+    ("r_gpu", "r_GPU", "{:.3f}"),
+    ("r_gpu_cpu", "r_GPU+CPU", "{:.3f}"),
+    ("read_fraction", "read", "{:.3f}"),
+    ("attn_recall", "attn recall", "{:.3f}"),
+    ("output_error", "out err", "{:.3f}"),
+    ("topk_jaccard", "top-100 J", "{:.3f}"),
+    ("h2d_mb_per_step", "CPU→GPU MB/step", "{:.4f}"),
+    ("transfers_per_step", "copies/step", "{:.1f}"),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("traces", nargs="*")
+    ap.add_argument("--readme", action="store_true", help="also replace the table in README.md")
+    args = ap.parse_args()
+    paths = find_traces(args.traces or [default_trace_dir()])
+    names = [n for n in registry.available() if not n.startswith("_")]
+    specs = [PolicySpec(n, b) for b in BUDGETS for n in names]
+    t0 = time.perf_counter()
+    rows = []
+    for p in paths:
+        rows += [r.summary for r in replay_trace(Trace(p), specs, ReplayConfig())]
+    wall = time.perf_counter() - t0
+    frame = pl.DataFrame(rows)
+    numeric = [c for c, _, _ in COLUMNS if c not in ("label", "budget")]
+    table = (frame.group_by("policy", "label", "budget").agg([pl.col(c).mean() for c in numeric])
+             .sort("budget", "policy"))
+    md = markdown_table(table, COLUMNS)
+    cmd = "python benchmarks/policy_table.py --readme"
+    note = (f"{len(paths)} trace(s): {', '.join(p.name for p in paths)}; {len(specs)} runs per trace "
+            f"in {wall:.1f} s on this machine. Reproduce: `{cmd}`.")
+    print(md)
+    print(note)
+    atomic_write_text(ROOT / "docs" / "policy_table.md", f"# Policy table\n\n{md}\n\n{note}\n")
+    for f in save_chart(recall_vs_rgpu(frame, "Attention recall vs r_GPU (shipped traces)"),
+                        ROOT / "docs" / "figures" / "policy_recall"):
+        print(f"wrote {f}")
+    if args.readme:
+        readme = ROOT / "README.md"
+        text = readme.read_text()
+        start, end = "<!-- policy-table:start -->", "<!-- policy-table:end -->"
+        if start not in text or end not in text:
+            raise SystemExit("README.md has no policy-table markers")
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        atomic_write_text(readme, f"{head}{start}\n{md}\n\n{note}\n{end}{tail}")
+        print("updated README.md")
+
+
+if __name__ == "__main__":
+    main()
