@@ -47,6 +47,18 @@ def main(argv: list[str] | None = None) -> None:
     prompt = lm.prepare((0.1 * rng.standard_normal(int(16000 * a.seconds))).astype(np.float32))
     prompt.model_inputs["inputs_embeds"] = prompt.model_inputs["inputs_embeds"].to(getattr(torch, a.dtype))
     scores = HeadScores(rng.random((a.layers, a.kv_heads)), rng.random((a.layers, a.kv_heads)), "random")
+    # plain greedy generate (no session): per-token time from two lengths, prefill cancels
+    from tracer.live.decode import plain_generate
+
+    plain_generate(lm, prompt, 2)
+    t = []
+    for n in (1, a.steps + 1):
+        t0 = time.perf_counter()
+        plain_generate(lm, prompt, n)
+        t.append(time.perf_counter() - t0)
+    print(json.dumps({"policy": "plain-generate", "path": "stock", "device": a.device, "dtype": a.dtype,
+                      "n_audio": prompt.n_audio, "steps": a.steps,
+                      "ms_per_token": round(1e3 * (t[1] - t[0]) / a.steps, 3)}), flush=True)
     for name in a.policies.split(","):
         for path in a.paths.split(","):
             budget = 1.0 if name == "full" else a.budget
