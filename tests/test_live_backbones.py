@@ -53,3 +53,22 @@ def test_physical_matches_masking(setup, name, budget):
         assert runs[0].tokens == ref
     else:
         assert runs[1].summary["r_gpu"] < 0.5
+
+
+def test_identity_transform_reproduces_the_untransformed_run(setup):
+    """AffPool at retention 1 rewrites nothing: the prefill from inputs_embeds (the transform
+    path) must then give exactly the tokens of the processor's input_ids + input_features."""
+    from tracer.transforms import parse_transforms
+
+    lm, prompt, scores, ref = setup
+    if lm.family != "voxtral":
+        with pytest.raises(ValueError, match="Voxtral-family"):
+            lm.embed(prompt)
+        return
+    p2 = parse_transforms("affpool:1")["affpool:1"](lm, prompt, None)
+    assert p2.inputs_embeds is not None and p2.n_audio == prompt.n_audio
+    run = live_generate(lm, p2, PolicySpec("full", 1.0), LiveConfig(N_NEW, head_scores=scores))
+    assert run.tokens == ref
+    p3 = parse_transforms("affpool:0.5")["affpool:0.5"](lm, prompt, None)
+    assert abs(p3.n_audio / prompt.n_audio - 0.5) <= 0.02
+    live_generate(lm, p3, PolicySpec("wnw", 0.3), LiveConfig(4, head_scores=scores, physical=True))
