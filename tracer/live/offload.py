@@ -167,23 +167,26 @@ class OffloadLayer(DynamicLayer):
         d = self.host_k.shape[2]
         hk = self.host_k.view(-1, d)
         hv = self.host_v.view(-1, d)
-        if self.device.type != "cuda":
-            # host-to-host: same code path, the "device" is the CPU
-            return hk.index_select(0, flat).clone(), hv.index_select(0, flat).clone()
-        sk = torch.empty((len(flat), d), dtype=hk.dtype, pin_memory=True)
-        sv = torch.empty_like(sk, pin_memory=True)
+        cuda = self.device.type == "cuda"
+        # gather into a (pinned, on CUDA) staging buffer: one contiguous copy per K and V
+        sk = torch.empty((len(flat), d), dtype=hk.dtype, pin_memory=cuda)
+        sv = torch.empty((len(flat), d), dtype=hv.dtype, pin_memory=cuda)
         torch.index_select(hk, 0, flat, out=sk)
         torch.index_select(hv, 0, flat, out=sv)
-        stream = self.copy_stream or torch.cuda.current_stream(self.device)
+        if not cuda:
+            return sk, sv  # host-to-host: the "device" is the CPU
+        compute = torch.cuda.current_stream(self.device)
+        stream = self.copy_stream or compute
         with torch.cuda.stream(stream):
             k_dev = sk.to(self.device, non_blocking=True)
             v_dev = sv.to(self.device, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
-        torch.cuda.current_stream(self.device).wait_event(event)
-        k_dev.record_stream(torch.cuda.current_stream(self.device))
-        v_dev.record_stream(torch.cuda.current_stream(self.device))
-        self._staging = [sk, sv]  # keep pinned buffers alive until the copy has run
+        compute.wait_event(event)
+        # allocated on the copy stream, used on the compute stream
+        k_dev.record_stream(compute)
+        v_dev.record_stream(compute)
+        self._staging = [sk, sv]  # keep the pinned buffers alive until the copy has run
         return k_dev, v_dev
 
     # ------------------------------------------------------------------ attention helpers
