@@ -72,3 +72,12 @@ def test_identity_transform_reproduces_the_untransformed_run(setup):
     p3 = parse_transforms("affpool:0.5")["affpool:0.5"](lm, prompt, None)
     assert abs(p3.n_audio / prompt.n_audio - 0.5) <= 0.02
     live_generate(lm, p3, PolicySpec("wnw", 0.3), LiveConfig(4, head_scores=scores, physical=True))
+
+
+def test_translate_task_changes_the_prompt(setup):
+    lm, prompt, _, _ = setup
+    rng = np.random.default_rng(0)
+    tr = lm.prepare((0.1 * rng.standard_normal(16000 * 8)).astype(np.float32), task="translate", language="fr")
+    assert tr.n_audio == prompt.n_audio
+    a, b = prompt.model_inputs["input_ids"][0].tolist(), tr.model_inputs["input_ids"][0].tolist()
+    assert a != b

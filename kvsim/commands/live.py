@@ -32,7 +32,8 @@ def live(
     max_seconds: Annotated[float | None, typer.Option(help="Crop audio (and reference) to this length")] = None,
     transform: Annotated[str, typer.Option(help="Input transforms, comma-separated: none, voxzip1, affpool[:retention]")] = "none",
     task: Annotated[str, typer.Option(help="transcribe | translate (scored with sacreBLEU)")] = "transcribe",
-    instruction: Annotated[str | None, typer.Option(help="Instruction text after the audio")] = None,
+    language: Annotated[str | None, typer.Option(help="Target language of --task translate (e.g. fr), source language otherwise")] = None,
+    instruction: Annotated[str | None, typer.Option(help="Instruction text after the audio (overrides the task's)")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Stop after this many tokens")] = 400,
     physical: Annotated[bool, typer.Option("--physical", help="Physical offload instead of masking emulation")] = False,
     calibration: Annotated[Path | None, typer.Option(help="heads.json calibration file (WnW, AudioKV)")] = None,
@@ -73,7 +74,8 @@ def live(
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
     cfg = LiveConfig(max_new_tokens=max_new_tokens, physical=physical, head_scores=scores)
-    job = LiveJob(items, plan, cfg, max_seconds=max_seconds, instruction=instruction)
+    job = LiveJob(items, plan, cfg, max_seconds=max_seconds, instruction=instruction,
+                  language=language)
     t0 = time.perf_counter()
     try:
         frame = run_live(lm, job, out, log=lambda m: console.print(m))

@@ -63,8 +63,9 @@ class LiveModel(ABC):
         self.tokenizer: Any = None
 
     @abstractmethod
-    def prepare(self, audio: np.ndarray, instruction: str | None = None) -> LivePrompt:
-        """Prompt for one 16 kHz mono clip."""
+    def prepare(self, audio: np.ndarray, instruction: str | None = None, task: str = "transcribe",
+                language: str | None = None) -> LivePrompt:
+        """Prompt for one 16 kHz mono clip (``task``: transcribe | translate into ``language``)."""
 
     @abstractmethod
     def embed(self, prompt: LivePrompt) -> torch.Tensor:
@@ -169,7 +170,8 @@ class TinyBackbone(LiveModel):
         feats = np.log1p(100 * (fr**2).mean(-1))  # (n, 8) log energy of 8 sub-frames
         return torch.as_tensor(feats, dtype=torch.float32)
 
-    def prepare(self, audio: np.ndarray, instruction: str | None = None) -> LivePrompt:
+    def prepare(self, audio: np.ndarray, instruction: str | None = None, task: str = "transcribe",
+                language: str | None = None) -> LivePrompt:
         c = self.cfg
         feats = self._frames(np.asarray(audio, dtype=np.float32))
         n_a = feats.shape[0]
@@ -227,7 +229,8 @@ class TracerLive(LiveModel):
         self.audio_tokens_per_s = float(self.bb.audio_tokens_per_s)
         self.sample_rate = int(self.bb.sample_rate)
 
-    def prepare(self, audio: np.ndarray, instruction: str | None = None) -> LivePrompt:
+    def prepare(self, audio: np.ndarray, instruction: str | None = None, task: str = "transcribe",
+                language: str | None = None) -> LivePrompt:
         from pathlib import Path
 
         from tracer.audio import AudioClip
@@ -235,7 +238,7 @@ class TracerLive(LiveModel):
 
         clip = AudioClip(Path("<memory>"), np.asarray(audio, dtype=np.float32), self.sample_rate,
                          self.sample_rate, 1)
-        prep = self.bb.prepare(clip, PromptSpec(text=instruction))
+        prep = self.bb.prepare(clip, PromptSpec(task=task, language=language, text=instruction))
         n_a = len(prep.audio_positions)
         return LivePrompt(
             model_inputs=dict(prep.inputs), n_prompt=prep.n_prompt,

@@ -35,6 +35,7 @@ class LiveJob:
     cfg: LiveConfig
     max_seconds: float | None = None
     instruction: str | None = None
+    language: str | None = None  #: source (transcribe) / target (translate) language
     share_prefill: bool = True  #: one prefill per (input, transform), copied for every policy
 
 
@@ -91,7 +92,7 @@ def run_live(lm: LiveModel, job: LiveJob, out: Path | None = None,
     fns = {t: parse_transforms(t)[t] for t in order}
     for item in job.inputs:
         audio, ref = item.load(job.max_seconds)
-        base = lm.prepare(audio, job.instruction)
+        base = lm.prepare(audio, job.instruction, task=item.task, language=job.language)
         for tname in order:
             t0 = time.perf_counter()
             prompt = base if fns[tname] is None else fns[tname](lm, base, audio)
