@@ -23,11 +23,11 @@ def test_live_cli_writes_results_steps_and_chart(tmp_path):
                                    "-o", str(out)])
     assert res.exit_code == 0, res.output
     runs = pl.read_parquet(out / "runs.parquet")
-    assert runs.height == 2 * 2 * 3 * 2
+    assert runs.height == 2 * 2 * (1 + 2 + 2)  # inputs x transforms x (full once + 2 x 2)
     for col in ("wer", "length_ratio", "terminated", "r_gpu", "r_gpu_cpu", "h2d_mb_per_step", "ms_per_token"):
         assert col in runs.columns
     agg = pl.read_parquet(out / "results.parquet")
-    assert agg.height == 2 * 3 * 2 and "termination_rate" in agg.columns
+    assert agg.height == 2 * 5 and "termination_rate" in agg.columns
     snap = agg.filter((pl.col("policy") == "snapkv") & (pl.col("transform") == "none"))
     n_audio = 75  # 6 s at 12.5 tokens/s; static per-head budget floor(r * T_a)
     assert sorted(snap["r_gpu"].to_list()) == pytest.approx([int(0.3 * n_audio) / n_audio, 1.0], abs=1e-9)
@@ -63,6 +63,7 @@ def test_make_plan_combinations():
     assert ("none", "snapkv(window=4)", 0.2) in got and ("affpool:0.5", "snapkv(window=4)", 0.4) in got
     assert ("voxzip1", "voxzip", 0.4) in got and ("none", "voxzip", 0.4) not in got
     assert ("affpool:0.2", "full", 0.2) in got and ("affpool:0.4", "full", 0.4) in got
-    assert len(plan) == 2 * 2 * 2 + 2 + 2
+    assert len(plan) == 2 * 1 + 2 * 2 + 2 + 2  # full once per transform, at budget 1.0
+    assert ("none", "full", 1.0) in got and ("none", "full", 0.2) not in got
     with pytest.raises(ValueError, match="unknown"):
         make_plan(["zip/full"], [0.2])

@@ -45,7 +45,8 @@ def make_plan(policy_args: Sequence[str], budgets: Sequence[float], transforms: 
     ``name[:k=v...]`` runs on every transform of ``--transform``; ``TRANSFORM/name[:k=v...]``
     runs only on that transform (``voxzip1/voxzip`` = VoxZip stages 1+2). ``affpool`` without
     a retention in a combination takes the budget as its retention (``affpool/full`` is AffPool
-    at r_GPU = budget, as a token-merging baseline).
+    at r_GPU = budget, as a token-merging baseline). Plain ``full`` keeps everything whatever
+    the budget, so it runs once (at budget 1.0).
     """
     from kvsim.specs import parse_policies
     from tracer.transforms import parse_transforms
@@ -58,7 +59,9 @@ def make_plan(policy_args: Sequence[str], budgets: Sequence[float], transforms: 
             for b in budgets:
                 for spec in parse_policies([pol], b):
                     if not sep:
-                        plan += [PlanItem(t, spec) for t in crossed]
+                        if spec.name == "full" and not spec.params:
+                            spec = PolicySpec("full", 1.0)  # budget-independent: run it once
+                        plan += [PlanItem(t, spec) for t in crossed if PlanItem(t, spec) not in plan]
                         continue
                     t = f"affpool:{b:g}" if tname == "affpool" else tname
                     parse_transforms(t)  # validate
