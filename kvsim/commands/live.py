@@ -108,7 +108,7 @@ def _print_table(frame, title: str) -> None:
             v = row[key]
             cells.append("-" if v is None or (isinstance(v, float) and v != v) else fmt.format(v))
         table.add_row(*cells)
-    Console().print(table)
+    Console(width=max(Console().width, 150)).print(table)
 
 
 def register(app: typer.Typer) -> None:
