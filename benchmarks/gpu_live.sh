@@ -3,7 +3,8 @@
 # shape of minivox's (30 layers, 9 q-heads, 3 kv-heads, head dim 64), 120 s and 600 s of audio
 # (1500 / 7500 audio tokens at 12.5 tok/s), bf16 on CUDA. Reports, one JSON line each
 # (also in $OUT/gpu_live.jsonl):
-#   1. ms/token, peak allocated memory, device audio KV MB and H2D MB/step for
+#   1. ms/token, decode-time peak and post-prefill allocated memory (CUDA), device audio KV MB
+#      and H2D MB/step (from the tiers and as really copied) for plain generate and
 #      full vs wnw@0.2, masking emulation vs physical offload (pinned host mirror, copy stream);
 #   2. exactness on CUDA (fp32, tiny backbone): full == plain generate; wnw / arkvale masking
 #      emulation == physical offload token for token.

@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> None:
                 "device_audio_mb": round(s.get("device_audio_mb", float("nan")), 3),
                 "physical_h2d_mb_per_step": round(s.get("physical_h2d_mb_per_step", float("nan")), 4),
                 "peak_mem_mb": round(s.get("peak_mem_mb", float("nan")), 1),
+                "after_prefill_mb": round(s.get("after_prefill_mb", float("nan")), 1),
+                "prefill_peak_mb": round(s.get("prefill_peak_mb", float("nan")), 1),
                 "policy_seconds": round(s["policy_seconds"], 3), "wall_s": round(time.perf_counter() - t0, 2),
             }), flush=True)
 

@@ -67,6 +67,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _cache_kw(model: Any, cache: Any) -> dict[str, Any]:
+    """``cache=`` on transformers >= 5.2x, ``past_key_values=`` before (e.g. 5.17 on the GPU
+    image)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return {"cache": cache} if "cache" in params else {"past_key_values": cache}
+
+
 def _argmax(logits: torch.Tensor) -> int:
     return int(torch.argmax(logits[0, -1]).item())
 
@@ -112,7 +121,7 @@ def prefill_once(lm: LiveModel, prompt: LivePrompt) -> Prefilled:
     token = ACTIVE.set(session)
     try:
         t0 = time.perf_counter()
-        out = lm.model(**prompt.prefill_inputs(), cache=cache, use_cache=True, logits_to_keep=1)
+        out = lm.model(**prompt.prefill_inputs(), **_cache_kw(lm.model, cache), use_cache=True, logits_to_keep=1)
         _sync(lm.device)
         secs = time.perf_counter() - t0
     finally:
@@ -152,12 +161,13 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
     tokens: list[int] = []
     stats = None
     peak = None
+    mem: dict[str, float] = {}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
         t0 = time.perf_counter()
         if prefilled is None:
-            out = model(**prompt.prefill_inputs(), cache=cache, use_cache=True, logits_to_keep=1)
+            out = model(**prompt.prefill_inputs(), **_cache_kw(model, cache), use_cache=True, logits_to_keep=1)
             first = _argmax(out.logits)
         else:
             session._pq, session._pk = list(prefilled.queries), list(prefilled.keys)
@@ -170,6 +180,11 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
             stats = install_offload(cache, prompt.audio_positions, tiers0 == 2, device)
         _sync(device)
         prefill_s = time.perf_counter() - t0 + (prefilled.seconds if prefilled is not None else 0.0)
+        if device.type == "cuda":
+            # decode-time memory: after prefill, once the offloaded audio KV has left the device
+            mem["prefill_peak_mb"] = torch.cuda.max_memory_allocated(device) / 1e6
+            mem["after_prefill_mb"] = torch.cuda.memory_allocated(device) / 1e6
+            torch.cuda.reset_peak_memory_stats(device)
         tokens.append(first)
         terminated = tokens[-1] in eos
         n = prompt.n_prompt
@@ -180,7 +195,7 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
             ids = torch.tensor([[tokens[-1]]], dtype=torch.long, device=device)
             pos = torch.tensor([n + step], dtype=torch.long, device=device)
             # position ids are left to the model (Qwen's M-RoPE offsets come from its prefill)
-            out = model(input_ids=ids, cache=cache, use_cache=True, cache_position=pos,
+            out = model(input_ids=ids, **_cache_kw(model, cache), use_cache=True, cache_position=pos,
                         logits_to_keep=1)
             tokens.append(_argmax(out.logits))
             _sync(device)
@@ -209,7 +224,8 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
             device_audio_mb=sum(layer.device_audio_bytes() for layer in cache.layers) / 1e6,
         )
     if peak is not None:
-        summary["peak_mem_mb"] = peak / 1e6
+        summary["peak_mem_mb"] = peak / 1e6  # during decoding
+        summary.update(mem)
     facts = RunFacts(
         model=lm.name, n_layers=ctx.heads.n_layers, n_q_heads=ctx.heads.n_q_heads,
         n_kv_heads=ctx.heads.n_kv_heads, head_dim=ctx.heads.head_dim, dtype_bytes=lm.dtype_bytes,
