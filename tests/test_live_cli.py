@@ -67,3 +67,31 @@ def test_make_plan_combinations():
     assert ("none", "full", 1.0) in got and ("none", "full", 0.2) not in got
     with pytest.raises(ValueError, match="unknown"):
         make_plan(["zip/full"], [0.2])
+
+
+def test_simulator_consumes_live_step_logs(tmp_path):
+    """A live run's steps/ folder feeds `kvsim simulate` (decoder shaped like minivox's, so its
+    model preset applies)."""
+    from pathlib import Path
+
+    import torch
+
+    from policies.base import HeadScores
+    from tracer.live.data import LiveInput
+    from tracer.live.decode import LiveConfig
+    from tracer.live.models import TinyBackbone, TinyConfig
+    from tracer.live.run import LiveJob, make_plan, run_live
+
+    torch.set_num_threads(1)
+    lm = TinyBackbone(TinyConfig(n_layers=30, n_q_heads=9, n_kv_heads=3, head_dim=64, vocab=128))
+    lm.name = "minivox"
+    lm.model.generation_config.eos_token_id = None
+    rng = np.random.default_rng(0)
+    sf.write(str(tmp_path / "a.wav"), (0.1 * rng.standard_normal(16000 * 8)).astype(np.float32), 16000)
+    hs = HeadScores(rng.random((30, 3)), rng.random((30, 3)))
+    job = LiveJob([LiveInput("a", Path(tmp_path / "a.wav"), "x y")], make_plan(["full,wnw"], [0.2]),
+                  LiveConfig(6, head_scores=hs))
+    run_live(lm, job, tmp_path / "live", log=lambda m: None)
+    res = CliRunner().invoke(app, ["simulate", str(tmp_path / "live"), "--gpu", "h100-sxm"])
+    assert res.exit_code == 0, res.output
+    assert "a__none__wnw__0.2" in res.output and "a__none__full__1" in res.output
