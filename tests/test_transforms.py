@@ -181,3 +181,30 @@ def test_whisper_segments_on_espeak(tmp_path):
     segs = whisper_segments(load_audio(wav))
     assert segs and "lazy dog" in " ".join(s.text.lower() for s in segs)
     assert all(0 < s.confidence <= 1 for s in segs)
+
+
+def test_transform_prepared_for_the_tracer(tmp_path, tmp_path_factory):
+    """The helper ``kvsim trace --input-transform`` can call: a Prepared whose inputs_embeds,
+    ids, kinds and times describe the rewritten span, and which generates."""
+    from tests.fixtures.checkpoints import tiny_checkpoint
+    from tracer.backbones import LoadOptions, PromptSpec, load_backbone
+    from tracer.transforms.prepared import transform_prepared
+
+    ckpt = tiny_checkpoint("voxtral", tmp_path_factory.getbasetemp())  # shared with other modules
+    bb = load_backbone(str(ckpt), LoadOptions(trace_attention=False))
+    from tracer.audio import AudioClip
+
+    rng = np.random.default_rng(0)
+    audio = (0.1 * rng.standard_normal(16000 * 8)).astype(np.float32)
+    prep = bb.prepare(AudioClip(tmp_path / "x.wav", audio, 16000, 16000, 1), PromptSpec())
+    new, span = transform_prepared(bb, prep, audio, "affpool:0.5")
+    n = len(prep.audio_positions)
+    assert abs(len(new.audio_positions) / n - 0.5) <= 0.02
+    assert new.n_prompt == prep.n_prompt - n + len(new.audio_positions)
+    assert new.inputs["inputs_embeds"].shape[1] == new.n_prompt
+    assert new.kinds.count("audio") == len(new.audio_positions)
+    assert (new.input_ids[new.audio_positions] == bb.audio_token_id).all()
+    assert new.audio["input_transform"] == "affpool:0.5"
+    with torch.no_grad():
+        out = bb.model.generate(**new.inputs, max_new_tokens=3, do_sample=False)
+    assert out.shape[1] == 3
