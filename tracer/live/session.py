@@ -99,6 +99,11 @@ def check_tiers(name: str, tiers: Any, shape: tuple[int, ...]) -> None:
         raise InvariantViolation(f"{name}: tier values must be GONE/CPU/GPU (0/1/2)")
 
 
+def _all_visible(mask: torch.Tensor) -> bool:
+    """True when an attention mask hides nothing (bool: all True; additive: all zero)."""
+    return bool(mask.all()) if mask.dtype == torch.bool else bool((mask == 0).all())
+
+
 def _runs_per_layer(mask: np.ndarray) -> np.ndarray:
     starts = mask[..., 1:] & ~mask[..., :-1]
     return starts.sum(axis=(1, 2)) + mask[..., 0].sum(axis=1)
@@ -188,11 +193,14 @@ class LiveSession:
                         f"(step {self.step}, layer {layer})")
                 read = sel
         self.read[layer] = read
+        if attention_mask is not None and self.step == 0 and not _all_visible(attention_mask):
+            raise RuntimeError("live decoding supports unpadded batch-1 prompts only")
         scaling = kwargs.get("scaling", module.scaling)
         if self.physical:
             off = self.cache.layers[layer]
             key, value = off.sync(gpu_l)
             keep = off.keep_mask(read)
+            attention_mask = None  # built for the logical length; one decode query sees all keys
         else:
             keep = self._logical_keep(read, key.shape[2], key.device)
         if keep is None:
