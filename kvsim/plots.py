@@ -16,7 +16,7 @@ def recall_vs_rgpu(frame: pl.DataFrame, title: str = "Attention recall vs r_GPU"
     base = alt.Chart(data).encode(
         x=alt.X("r_gpu:Q", title="measured r_GPU (audio KV on GPU)", scale=alt.Scale(domain=[0, 1])),
         y=alt.Y("mean(attn_recall):Q", title="attention-mass recall", scale=alt.Scale(domain=[0, 1])),
-        color=alt.Color("label:N", title="policy"),
+        color=alt.Color("label:N", title="policy", scale=alt.Scale(scheme="tableau20")),
         tooltip=["label", "budget", "mean(r_gpu)", "mean(attn_recall)"],
     )
     return (base.mark_line() + base.mark_point()).properties(title=title, width=420, height=300)

@@ -229,3 +229,30 @@ def test_calibrate_teacher_reference_and_ranking(tmp_path_factory):
     assert sorted(map(tuple, rank)) == [(i, j) for i in range(2) for j in range(2)]
     imp = [heads.importance[i, j] for i, j in rank]
     assert imp == sorted(imp, reverse=True)
+
+
+def test_trace_stores_held_out_calibration_file(tmp_path_factory):
+    """`kvsim trace --heads FILE` embeds scores computed elsewhere (a held-out calibration
+    set, as WnW §3.2 does) instead of calibrating on the traced inputs."""
+    from kvsim.trace.heads import write_heads
+    from policies.base import HeadScores
+
+    ckpt = tiny_checkpoint("voxtral", tmp_path_factory.getbasetemp())
+    d = tmp_path_factory.mktemp("theads")
+    wav = write_tone(d / "a.wav", 2.0)
+    bb = load_backbone(str(ckpt))
+    L, H = bb.facts().n_layers, bb.facts().n_kv_heads
+    rng = np.random.default_rng(0)
+    scores = HeadScores(rng.random((L, H)), rng.random((L, H)), source="held-out test set")
+    write_heads(d / "heads.json", scores, "tiny")
+    base = ["trace", str(wav), "--model", str(ckpt), "--out", str(d / "out"), "--max-new-tokens", "3",
+            "--aligner", "none"]
+    res = CliRunner().invoke(app, [*base, "--heads", str(d / "heads.json")])
+    assert res.exit_code == 0, res.output
+    tr = Trace(d / "out" / "a.kvtrace")
+    np.testing.assert_allclose(tr.head_scores.voice_score, scores.voice_score)
+    assert tr.head_scores.source == "held-out test set"
+    # a calibration file of the wrong shape is refused with one line
+    write_heads(d / "bad.json", HeadScores(np.ones((L + 1, H)), np.ones((L + 1, H))), "tiny")
+    res = CliRunner().invoke(app, [*base, "--overwrite", "--heads", str(d / "bad.json")])
+    assert res.exit_code == 2 and "shape" in res.output and "Traceback" not in res.output

@@ -298,6 +298,25 @@ def calibrate_into_traces(results: list, batch_cfg: Any, cfg: CalibrationConfig,
     return scores
 
 
+def store_head_scores(results: list, scores: HeadScores, console: Any) -> None:
+    """``kvsim trace --heads FILE``: store held-out calibration scores in every trace written
+    (checked against each trace's shape)."""
+    from kvsim.trace import Trace, write_trace
+    from tracer.traceio import load_trace_data
+
+    for r in results:
+        if r.status == "failed" or r.trace is None:
+            continue
+        m = Trace(r.trace).meta.model
+        if scores.voice_score.shape != (m.n_layers, m.n_kv_heads):
+            raise ValueError(f"calibration scores have shape {scores.voice_score.shape}, "
+                             f"{r.trace} has (L, H_kv) = {(m.n_layers, m.n_kv_heads)}")
+        data = load_trace_data(r.trace)
+        data.head_scores = scores
+        write_trace(r.trace, data)
+    console.print(f"stored head scores ({scores.source}) in the traces")
+
+
 @dataclass
 class CalibrationRun:
     scores: HeadScores

@@ -55,6 +55,9 @@ def register(app: typer.Typer) -> None:
         calibrate: bool = typer.Option(False, "--calibrate",
                                        help="Also compute WnW head scores over these inputs and "
                                             "store them in every trace (and OUT/heads.json)."),
+        heads: Path | None = typer.Option(
+            None, "--heads", help="Store this calibration file (from `kvsim calibrate` on a "
+                                  "held-out set) in every trace written."),
         overwrite: bool = typer.Option(False, "--overwrite",
                                        help="Retrace inputs whose trace is already complete."),
     ) -> None:
@@ -74,6 +77,18 @@ def register(app: typer.Typer) -> None:
                                      param_hint="--aligner")
         if store_dtype not in ("float16", "float32"):
             raise typer.BadParameter("must be float16 or float32", param_hint="--store-dtype")
+        if calibrate and heads is not None:
+            raise typer.BadParameter("use either --calibrate or --heads", param_hint="--heads")
+        scores = None
+        if heads is not None:
+            from kvsim.trace.heads import read_heads
+            from kvsim.trace.schema import TraceError
+
+            try:
+                scores = read_heads(heads)
+            except TraceError as exc:
+                console.print(f"[red]error:[/] {exc}")
+                raise typer.Exit(2) from None
         if reference is not None and not reference.exists():
             raise typer.BadParameter(f"{reference}: not found", param_hint="--reference")
         from tracer.backbones.base import check_device_dtype
@@ -103,6 +118,10 @@ def register(app: typer.Typer) -> None:
                 from tracer.calibrate import CalibrationConfig, calibrate_into_traces
 
                 calibrate_into_traces(results, cfg, CalibrationConfig(), console)
+            elif scores is not None:
+                from tracer.calibrate import store_head_scores
+
+                store_head_scores(results, scores, console)
         except BackboneError as exc:
             console.print(f"[red]error:[/] {exc}")
             raise typer.Exit(2) from None

@@ -188,6 +188,8 @@ class _Run:
             self.n_res = self.gpu.sum(-1)
         else:
             self.n_res[...] = self.gpu.sum(-1)
+        self.n_gpu = int(self.n_res.sum())
+        self.n_cpu = int(np.count_nonzero(self.tiers == Tier.CPU))
 
 
 def _check_tiers(name: str, tiers: np.ndarray, shape: tuple[int, ...]) -> None:
@@ -397,8 +399,8 @@ class Replayer:
             self._check_capacity(run, s)
         h2d = int(sum(h2d_layer))
         row.update(
-            gpu_audio_tokens=int(run.gpu.sum()),
-            cpu_audio_tokens=int((run.tiers == Tier.CPU).sum()),
+            gpu_audio_tokens=run.n_gpu,
+            cpu_audio_tokens=run.n_cpu,
             read_audio_tokens=run.read_count,
             h2d_tokens=h2d,
             h2d_bytes=h2d * 2 * self.heads.head_dim * self.dtype_bytes,
@@ -415,7 +417,7 @@ class Replayer:
     def _check_capacity(self, run: _Run, s: int) -> None:
         cap = run.policy.gpu_capacity()
         if cap is not None and self.cfg.check_invariants:
-            n = int(run.gpu.sum())
+            n = run.n_gpu
             if n > cap:
                 raise InvariantViolation(
                     f"{run.spec.label}: {n} GPU audio tokens exceed its capacity {cap} at step {s}")
@@ -423,7 +425,14 @@ class Replayer:
     def _finish(self, run: _Run, prefill_r: float) -> RunResult:
         ctx, L, Hq = self.ctx, self.heads.n_layers, self.heads.n_q_heads
         n = max(self.n_steps, 1)
-        log = pl.DataFrame(run.log, schema=STEP_LOG_COLUMNS)
+        cols: dict[str, Any] = {}
+        for name, dtype in STEP_LOG_COLUMNS.items():
+            if isinstance(dtype, pl.List):  # per-layer lists: via one 2-D array, not row by row
+                arr = np.array(run.log[name], dtype=np.int64).reshape(len(run.log[name]), L)
+                cols[name] = pl.Series(name, arr).cast(dtype)
+            else:
+                cols[name] = pl.Series(name, run.log[name], dtype=dtype)
+        log = pl.DataFrame(cols)
         total = ctx.audio_kv_total
         if log.height:
             gpu = log["gpu_audio_tokens"].to_numpy() / total
