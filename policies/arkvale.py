@@ -216,7 +216,7 @@ class ArkVale(Policy):
         return expand_pages(read, self._n_audio, self.page_size)
 
     def current_tiers(self) -> np.ndarray | None:
-        return self._tiers.copy()
+        return self._tiers  # read-only for the caller (protocol); no copy per layer and step
 
     def gpu_capacity(self) -> int | None:
         return self._capacity

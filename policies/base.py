@@ -260,7 +260,10 @@ class Policy(abc.ABC):
         return None
 
     def current_tiers(self) -> np.ndarray | None:
-        """Tiers after the last ``select`` calls (query-aware policies), else None."""
+        """Tiers after the last ``select`` calls (query-aware policies), else None.
+
+        Called once per layer and step: may return the policy's own array, which the caller
+        must treat as read-only (the engine copies what it keeps)."""
         return None
 
     # ----------------------------------------------------------------------------- helpers

@@ -154,19 +154,19 @@ class _QueryView:
 class _Run:
     """Mutable state of one policy during a replay."""
 
-    def __init__(self, spec: PolicySpec, policy: Policy, ctx: PolicyContext, n_steps: int) -> None:
+    def __init__(self, spec: PolicySpec, policy: Policy, ctx: PolicyContext) -> None:
         self.spec = spec
         self.policy = policy
-        self.ctx = ctx
         L, Hq = ctx.heads.n_layers, ctx.heads.n_q_heads
         self.tiers: np.ndarray | None = None
         self.gpu: np.ndarray | None = None  # (L, H_kv, T_a) bool
         self.buffer = (
             np.zeros((L, Hq, ctx.n_audio), dtype=np.float32) if policy.needs_step_attention else None
         )
+        # metrics, filled from the engine's batched accumulators when the replay ends
         self.recall_sum = np.zeros((L, Hq))
-        self.step_recall = np.zeros(n_steps)
-        self.step_jaccard = np.zeros(n_steps)
+        self.step_recall = np.zeros(0)
+        self.step_jaccard = np.zeros(0)
         self.err_sum = 0.0
         self.err_n = 0
         self.log: dict[str, list[Any]] = {c: [] for c in STEP_LOG_COLUMNS}  # columnar step log
@@ -251,7 +251,7 @@ class Replayer:
         L, Hq, Hkv = heads.n_layers, heads.n_q_heads, heads.n_kv_heads
         g, Ta = heads.group, self.n_audio
         shape = (L, Hkv, Ta)
-        runs = [_Run(s, s.make(), ctx, self.n_steps) for s in specs]
+        runs = [_Run(s, s.make(), ctx) for s in specs]
         self.failures: list[tuple[PolicySpec, str]] = []
 
         prefill_view = _PrefillView(self.keys32, self.trace, self.audio)

@@ -3,6 +3,12 @@ the hardware simulator (:mod:`kvsim.sim`).
 
 One row per decode step. Token counts are summed over all (layer, KV-head) pairs: one "token"
 is one position of one KV-head of one layer, i.e. ``2 * head_dim * dtype_bytes`` bytes of K+V.
+
+Timing within a row: ``read_audio_tokens`` is what attention read *during* step ``s``; the
+tier counts (``gpu_audio_tokens``, ``cpu_audio_tokens``) and the transfers (``h2d_*``,
+``released_tokens``) are those of the tier update made at step ``s`` — inside the step for
+query-aware policies (``select``), after it for the others (``decode_step``) — i.e. the state
+that step ``s + 1`` starts from.
 """
 
 from __future__ import annotations

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Regenerate the shipped real traces: minivox decoding held-out espeak test audio, with values,
+# and per-head scores (WnW App. E) calibrated on the disjoint calibration split.
+#   bash scripts/make_traces.sh            # data under data/minivox (made if missing)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] && . .venv/bin/activate
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+DATA=${DATA:-data/minivox}
+CLIP=${CLIP:-test_30_60-00013}   # 59.6 s, 160 words: two full 30 s windows
+if [ ! -f "$DATA/manifest.parquet" ]; then
+  python -m tracer.minivox.data --out "$DATA" --seed 0 --splits calib test_30_60 test_long
+fi
+kvsim calibrate --model minivox "$DATA/audio/calib" --out minivox/heads.json
+kvsim trace --model minivox "$DATA/audio/test_30_60/$CLIP.flac" --out traces \
+  --values --heads minivox/heads.json --max-new-tokens 400 --overwrite
+kvsim validate traces
