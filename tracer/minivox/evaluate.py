@@ -1,0 +1,99 @@
+"""Full-cache greedy WER of minivox on the held-out sets (WnW §3.5 truncated WER).
+
+Usage::
+
+    python -m tracer.minivox.evaluate --data /work/data/minivox \\
+        --splits test_30_60 test_long [--adapter PATH] [--limit N] [--out results.jsonl]
+
+Prints per-clip WER, decode ms/token and per-split corpus WER.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import soundfile as sf
+import torch
+
+from . import load_minivox, minivox_dir
+from .data import read_manifest
+from .wer import corpus_wer
+
+
+def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | None,
+             out: Path | None, shard: tuple[int, int] = (0, 1)) -> dict[str, float]:
+    torch.set_num_threads(1)
+    model, proc = load_minivox(minivox_dir(adapter))
+    results: dict[str, float] = {}
+    fh = out.open("w") if out else None
+    for split in splits:
+        rows = read_manifest(data, split).to_dicts()[:limit][shard[0]::shard[1]]
+        refs, hyps = [], []
+        for r in rows:
+            audio, _ = sf.read(r["abs_path"], dtype="float32")
+            inp = proc(audio=audio)
+            n_in = inp["input_ids"].shape[1]
+            # enough tokens for 1.2x the reference words (the WER truncation) at ~1.4 tokens/word
+            max_new = int(len(r["text"].split()) * 1.7) + 10
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                res = model.generate(**inp, max_new_tokens=max_new, do_sample=False)
+            wall = time.perf_counter() - t0
+            gen = res[0, n_in:]
+            hyp = proc.decode(gen)
+            refs.append(r["text"])
+            hyps.append(hyp)
+            w = corpus_wer([r["text"]], [hyp])
+            rec = {"split": split, "id": r["id"], "duration": r["duration"], "wer": w,
+                   "n_prompt": n_in, "n_gen": int(gen.numel()), "wall_s": wall,
+                   "ref": r["text"], "hyp": hyp}
+            print(f"{split} {r['id']} {r['duration']:.0f}s WER {w:.3f} gen {gen.numel()} tok "
+                  f"in {wall:.1f}s", flush=True)
+            if fh:
+                fh.write(json.dumps(rec) + "\n")
+                fh.flush()
+        results[split] = corpus_wer(refs, hyps)
+        print(f"== {split}: {len(rows)} clips, corpus WER {results[split]:.4f}", flush=True)
+    if fh:
+        fh.close()
+    return results
+
+
+def summarise(files: list[Path]) -> dict[str, float]:
+    """Corpus WER per split over the records of several ``--out`` files."""
+    recs = [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
+    out = {}
+    for split in sorted({r["split"] for r in recs}):
+        rs = [r for r in recs if r["split"] == split]
+        out[split] = corpus_wer([r["ref"] for r in rs], [r["hyp"] for r in rs])
+        gen = sum(r["n_gen"] for r in rs)
+        print(f"{split}\tclips {len(rs)}\tWER {out[split]:.4f}\tgenerated {gen} tokens")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="minivox full-cache greedy WER on held-out sets")
+    ap.add_argument("--data", type=Path, default=Path("/work/data/minivox"))
+    ap.add_argument("--splits", nargs="+", default=["test_30_60", "test_long"])
+    ap.add_argument("--adapter", type=Path, default=None)
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--shard", default="0/1", help="i/n: evaluate every n-th clip from i "
+                    "(run shards in parallel, then --summarise their --out files)")
+    ap.add_argument("--summarise", nargs="*", type=Path, default=None,
+                    help="only print corpus WER per split from these --out files")
+    a = ap.parse_args(argv)
+    if a.summarise:
+        summarise(a.summarise)
+        return
+    i, n = (int(x) for x in a.shard.split("/"))
+    res = evaluate(a.data, a.splits, a.adapter, a.limit, a.out, (i, n))
+    for k, v in res.items():
+        print(f"{k}\tWER\t{v:.4f}")
+
+
+if __name__ == "__main__":
+    main()

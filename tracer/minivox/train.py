@@ -1,0 +1,316 @@
+"""Train the minivox projector (+ LoRA on the decoder's attention projections) on CPU.
+
+The Whisper encoder and SmolLM2 stay frozen; encoder outputs are cached on disk (fp16) the
+first time a clip is seen. Loss: next-token cross-entropy on the transcript + ``<|im_end|>``
+only (the prompt and audio positions are not scored).
+
+Usage::
+
+    python -m tracer.minivox.train --data /work/data/minivox --run /work/data/minivox/run \\
+        --seed 0 --steps 700 --batch 4
+
+Resumes from ``<run>/last.pt`` when present; every ``--eval-every`` steps prints dev WER
+(greedy) and keeps the best adapter in ``<run>/best.safetensors``; ``--export`` copies it to
+``minivox/adapter.safetensors``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from .build import REPO_WEIGHTS, build_base, save_adapter
+from .data import read_manifest
+from .lora import add_lora, load_lora_state, lora_state
+from .wer import corpus_wer
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters (recorded in the run directory and the adapter metadata)."""
+
+    seed: int = 0
+    steps: int = 700
+    batch: int = 4
+    lr: float = 1e-3
+    lora_lr: float = 5e-4
+    warmup: int = 30
+    weight_decay: float = 0.01
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_targets: str = "q_proj,k_proj,v_proj,o_proj"
+    eval_every: int = 100
+    eval_clips: int = 6
+    ckpt_every: int = 25
+    max_minutes: float = 1e9
+    bf16: bool = True
+    p_long: float = 0.25  # share of steps on 30-60 s (two-window) clips, batch // 2 of them
+
+
+def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
+    """Frozen encoder output ``(n_chunks*1500, 384)`` for a manifest row (fp16 on disk)."""
+    f = cache_dir / f"{row['id']}.npy"
+    if f.is_file():
+        return torch.from_numpy(np.load(f).astype(np.float32))
+    audio, sr = sf.read(row["abs_path"], dtype="float32")
+    if sr != 16000:
+        raise ValueError(f"{row['abs_path']}: sample rate {sr}, expected 16000")
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        h = model.model.audio_tower(proc.features(audio)).last_hidden_state.float()
+    h = h.reshape(-1, h.shape[-1])
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = cache_dir / f"{row['id']}.{os.getpid()}.tmp.npy"
+    np.save(tmp, h.numpy().astype(np.float16))
+    tmp.rename(f)
+    return h.to(torch.float16).to(torch.float32)
+
+
+def make_batch(model, proc, rows: list[dict], cache_dir: Path):
+    """Inputs embeds, attention mask, and (positions, labels) of the scored tokens."""
+    tok = proc.tokenizer
+    end_id = tok.convert_tokens_to_ids("<|im_end|>")
+    seqs, audio_feats = [], []
+    for r in rows:
+        enc = encoder_cache(model, proc, r, cache_dir)
+        n_audio = enc.shape[0] // 4
+        prompt = tok(proc.transcription_prompt(n_audio), add_special_tokens=False)["input_ids"]
+        target = tok(r["text"], add_special_tokens=False)["input_ids"] + [end_id]
+        seqs.append((prompt, target))
+        audio_feats.append(enc)
+    L = max(len(p) + len(t) for p, t in seqs)
+    ids = torch.full((len(rows), L), end_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), L), dtype=torch.long)
+    labels = torch.full((len(rows), L), -100, dtype=torch.long)
+    for i, (p, t) in enumerate(seqs):
+        seq = p + t
+        ids[i, : len(seq)] = torch.tensor(seq)
+        mask[i, : len(seq)] = 1
+        labels[i, len(p) - 1 : len(seq) - 1] = torch.tensor(t)  # predict t from the previous pos
+    embeds = model.get_input_embeddings()(ids)
+    audio = torch.cat(audio_feats).reshape(-1, model.config.audio_config.intermediate_size)
+    audio_emb = model.model.multi_modal_projector(audio)
+    amask = (ids == model.config.audio_token_id).unsqueeze(-1).expand_as(embeds)
+    embeds = embeds.masked_scatter(amask, audio_emb.to(embeds.dtype))
+    return embeds, mask, labels
+
+
+def loss_fn(model, embeds, mask, labels) -> torch.Tensor:
+    out = model.model.language_model(inputs_embeds=embeds, attention_mask=mask, use_cache=False)
+    sel = labels != -100
+    h = out.last_hidden_state[sel]
+    logits = model.lm_head(h)
+    return F.cross_entropy(logits.float(), labels[sel])
+
+
+@torch.no_grad()
+def transcribe(model, proc, audio: np.ndarray, max_new_tokens: int | None = None) -> str:
+    """Greedy full-cache transcription of one clip."""
+    inp = proc(audio=audio)
+    if max_new_tokens is None:
+        max_new_tokens = int(len(audio) / 16000 * 5) + 20
+    out = model.generate(**inp, max_new_tokens=max_new_tokens, do_sample=False)
+    return proc.decode(out[0, inp["input_ids"].shape[1] :])
+
+
+def dev_wer(model, proc, rows: list[dict]) -> tuple[float, list[str]]:
+    model.eval()
+    hyps = [transcribe(model, proc, sf.read(r["abs_path"], dtype="float32")[0]) for r in rows]
+    model.train()
+    return corpus_wer([r["text"] for r in rows], hyps), hyps
+
+
+def trainable(model) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    proj = list(model.model.multi_modal_projector.parameters())
+    lora = [p for n, p in model.model.language_model.named_parameters() if "lora_" in n]
+    return proj, lora
+
+
+def save_ckpt(path: Path, model, opt, sched, step: int, best: float, cfg: TrainConfig) -> None:
+    state = {
+        "projector": model.model.multi_modal_projector.state_dict(),
+        "lora": lora_state(model.model.language_model),
+        "opt": opt.state_dict(),
+        "sched": sched.state_dict(),
+        "step": step,
+        "best": best,
+        "cfg": asdict(cfg),
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def export(run: Path, cfg: TrainConfig, model, step: int, wer: float, name: str) -> Path:
+    out = run / name
+    save_adapter(out, model.model.multi_modal_projector.state_dict(),
+                 lora_state(model.model.language_model),
+                 {"step": step, "dev_wer": wer, "train_config": asdict(cfg)})
+    return out
+
+
+def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
+          init_projector: Path | None = None) -> None:
+    torch.set_num_threads(1)
+    random.seed(cfg.seed)
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
+    model, proc = build_base(seed=cfg.seed)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if cfg.bf16:  # frozen decoder in bf16 (AMX); trainable parts stay fp32 under autocast
+        model.model.language_model.to(torch.bfloat16)
+        model.lm_head.to(torch.bfloat16)
+    add_lora(model.model.language_model, cfg.lora_rank, cfg.lora_alpha,
+             tuple(cfg.lora_targets.split(",")))
+    torch.manual_seed(cfg.seed)
+    for m in model.model.language_model.modules():
+        if hasattr(m, "lora_A"):
+            torch.nn.init.kaiming_uniform_(m.lora_A, a=math.sqrt(5))
+    proj, lora = trainable(model)
+    for p in proj + lora:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW([
+        {"params": proj, "lr": cfg.lr},
+        {"params": lora, "lr": cfg.lora_lr},
+    ], weight_decay=cfg.weight_decay)
+
+    def lr_lambda(s: int) -> float:
+        if s < cfg.warmup:
+            return (s + 1) / cfg.warmup
+        frac = (s - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
+    step, best = 0, float("inf")
+    if init_projector is not None:
+        from safetensors.torch import load_file
+
+        model.model.multi_modal_projector.load_state_dict(load_file(str(init_projector)))
+        print(f"projector initialised from {init_projector}", flush=True)
+    last = run / "last.pt"
+    if last.is_file():
+        st = torch.load(last, weights_only=True)
+        model.model.multi_modal_projector.load_state_dict(st["projector"])
+        load_lora_state(model.model.language_model, st["lora"])
+        opt.load_state_dict(st["opt"])
+        sched.load_state_dict(st["sched"])
+        step, best = int(st["step"]), float(st["best"])
+        print(f"resumed from {last} at step {step} (best dev WER {best:.4f})", flush=True)
+
+    train_rows = read_manifest(data, "train").to_dicts()
+    dev_rows = read_manifest(data, "dev").to_dicts()[: cfg.eval_clips]
+    cache_dir = data / "enc_cache"
+    # Deterministic example order: epoch e uses permutation seeded by (seed, e).
+    long_rows = read_manifest(data, "train_long").to_dicts() if cfg.p_long > 0 else []
+
+    def batch_rows(s: int) -> list[dict]:
+        rng = np.random.default_rng([cfg.seed, s, 7])
+        if long_rows and rng.random() < cfg.p_long:  # a multi-window (30-60 s) batch
+            idx = rng.choice(len(long_rows), size=max(1, cfg.batch // 2), replace=False)
+            return [long_rows[i] for i in idx]
+        out = []
+        for j in range(cfg.batch):
+            k = s * cfg.batch + j
+            epoch, i = divmod(k, len(train_rows))
+            perm = np.random.default_rng([cfg.seed, epoch]).permutation(len(train_rows))
+            out.append(train_rows[perm[i]])
+        return out
+
+    log = (run / "log.jsonl").open("a")
+    t0 = time.time()
+    model.train()
+    bar = tqdm(total=cfg.steps, initial=step, desc="train", mininterval=10)
+    ema = None
+    while step < cfg.steps:
+        rows = batch_rows(step)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            embeds, mask, labels = make_batch(model, proc, rows, cache_dir)
+            loss = loss_fn(model, embeds, mask, labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(proj + lora, 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        ema = loss.item() if ema is None else 0.9 * ema + 0.1 * loss.item()
+        bar.update(1)
+        bar.set_postfix(loss=f"{ema:.3f}")
+        rec = {"step": step, "loss": loss.item(), "ema": ema, "wall_s": time.time() - t0,
+               "lr": sched.get_last_lr()[0]}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                wer, hyps = dev_wer(model, proc, dev_rows)
+            rec["dev_wer"] = wer
+            rec["dev_hyp0"] = hyps[0][:200]
+            print(f"\nstep {step} loss {ema:.3f} dev WER {wer:.4f} | {hyps[0][:120]!r}", flush=True)
+            if wer < best:
+                best = wer
+                export(run, cfg, model, step, wer, "best.safetensors")
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+        if step % cfg.ckpt_every == 0 or step == cfg.steps:
+            export(run, cfg, model, step, best, "last.safetensors")
+            save_ckpt(last, model, opt, sched, step, best, cfg)
+        if (time.time() - t0) / 60 > cfg.max_minutes:
+            print(f"\nstopping at step {step}: --max-minutes reached", flush=True)
+            save_ckpt(last, model, opt, sched, step, best, cfg)
+            export(run, cfg, model, step, best, "last.safetensors")
+            break
+    bar.close()
+    if export_to is not None:
+        src = run / "best.safetensors"
+        if not src.is_file():
+            src = run / "last.safetensors"
+        export_to.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, export_to)
+        print(f"exported {src} -> {export_to}")
+
+
+def prefill_cache(data: Path, split: str) -> None:
+    """Compute the encoder cache of every clip of ``split`` (run beside training)."""
+    torch.set_num_threads(1)
+    model, proc = build_base()
+    cache_dir = data / "enc_cache"
+    for row in tqdm(read_manifest(data, split).to_dicts(), desc=f"cache {split}", mininterval=30):
+        encoder_cache(model, proc, row, cache_dir)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Train the minivox projector + LoRA on CPU.")
+    ap.add_argument("--data", type=Path, default=Path("/work/data/minivox"))
+    ap.add_argument("--run", type=Path, default=Path("/work/data/minivox/run"))
+    ap.add_argument("--export", action="store_true", help=f"copy the best adapter to {REPO_WEIGHTS}")
+    ap.add_argument("--init-projector", type=Path, default=None,
+                    help="projector weights from stage-1 alignment (tracer.minivox.align)")
+    ap.add_argument("--prefill-cache", default=None, metavar="SPLIT",
+                    help="only compute the encoder cache of SPLIT, then exit")
+    d = TrainConfig()
+    for k, v in asdict(d).items():
+        if isinstance(v, bool):
+            ap.add_argument(f"--{k.replace('_', '-')}", action=argparse.BooleanOptionalAction,
+                            default=v)
+        else:
+            ap.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=v)
+    args = ap.parse_args(argv)
+    if args.prefill_cache:
+        prefill_cache(args.data, args.prefill_cache)
+        return
+    cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(d)})
+    train(args.data, args.run, cfg, REPO_WEIGHTS if args.export else None, args.init_projector)
+
+
+if __name__ == "__main__":
+    main()
