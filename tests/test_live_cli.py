@@ -1,0 +1,97 @@
+"""``kvsim live`` end to end on the tiny backbone."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+import soundfile as sf
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.replay.steplog import STEP_LOG_COLUMNS
+
+
+def test_live_cli_writes_results_steps_and_chart(tmp_path):
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        sf.write(str(tmp_path / f"c{i}.wav"), (0.1 * rng.standard_normal(16000 * 6)).astype(np.float32), 16000)
+        (tmp_path / f"c{i}.txt").write_text("some reference words here")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["live", str(tmp_path), "--model", "tiny", "-p", "full,snapkv,streaming",
+                                   "-b", "0.3,1.0", "--max-new-tokens", "8", "--transform", "none,affpool:0.5",
+                                   "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    runs = pl.read_parquet(out / "runs.parquet")
+    assert runs.height == 2 * 2 * (1 + 2 + 2)  # inputs x transforms x (full once + 2 x 2)
+    for col in ("wer", "length_ratio", "terminated", "r_gpu", "r_gpu_cpu", "h2d_mb_per_step", "ms_per_token"):
+        assert col in runs.columns
+    agg = pl.read_parquet(out / "results.parquet")
+    assert agg.height == 2 * 5 and "termination_rate" in agg.columns
+    snap = agg.filter((pl.col("policy") == "snapkv") & (pl.col("transform") == "none"))
+    n_audio = 75  # 6 s at 12.5 tokens/s; static per-head budget floor(r * T_a)
+    assert sorted(snap["r_gpu"].to_list()) == pytest.approx([int(0.3 * n_audio) / n_audio, 1.0], abs=1e-9)
+    steps = list((out / "steps").glob("*.parquet"))
+    assert len(steps) == runs.height
+    assert dict(pl.read_parquet(steps[0]).schema) == dict(STEP_LOG_COLUMNS)
+    assert (out / "wer_vs_rgpu.html").exists()
+
+
+def test_live_cli_errors_are_one_line(tmp_path):
+    r = CliRunner().invoke(app, ["live", str(tmp_path / "missing.wav"), "--model", "tiny"])
+    assert r.exit_code == 2 and "does not exist" in r.output
+    r = CliRunner().invoke(app, ["live", "--model", "tiny"])
+    assert r.exit_code == 2 and "no inputs" in r.output
+    r = CliRunner().invoke(app, ["live", str(tmp_path), "--model", "nosuch"])
+    assert r.exit_code == 2
+
+
+def test_live_cli_skips_uncalibrated_policy(tmp_path):
+    sf.write(str(tmp_path / "a.wav"), np.zeros(16000 * 3, np.float32) + 0.01, 16000)
+    res = CliRunner().invoke(app, ["live", str(tmp_path / "a.wav"), "--model", "tiny", "-p", "wnw,full",
+                                   "-b", "0.5", "--max-new-tokens", "4", "-o", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert "skipping wnw" in res.output
+    assert pl.read_parquet(tmp_path / "o" / "runs.parquet")["policy"].to_list() == ["full"]
+
+
+def test_make_plan_combinations():
+    from tracer.live.run import make_plan
+
+    plan = make_plan(["full,snapkv:window=4", "voxzip1/voxzip,affpool/full"], [0.2, 0.4], "none,affpool:0.5")
+    got = {(p.transform, p.spec.label, p.spec.budget) for p in plan}
+    assert ("none", "snapkv(window=4)", 0.2) in got and ("affpool:0.5", "snapkv(window=4)", 0.4) in got
+    assert ("voxzip1", "voxzip", 0.4) in got and ("none", "voxzip", 0.4) not in got
+    assert ("affpool:0.2", "full", 0.2) in got and ("affpool:0.4", "full", 0.4) in got
+    assert len(plan) == 2 * 1 + 2 * 2 + 2 + 2  # full once per transform, at budget 1.0
+    assert ("none", "full", 1.0) in got and ("none", "full", 0.2) not in got
+    with pytest.raises(ValueError, match="unknown"):
+        make_plan(["zip/full"], [0.2])
+
+
+def test_simulator_consumes_live_step_logs(tmp_path):
+    """A live run's steps/ folder feeds `kvsim simulate` (decoder shaped like minivox's, so its
+    model preset applies)."""
+    from pathlib import Path
+
+    import torch
+
+    from policies.base import HeadScores
+    from tracer.live.data import LiveInput
+    from tracer.live.decode import LiveConfig
+    from tracer.live.models import TinyBackbone, TinyConfig
+    from tracer.live.run import LiveJob, make_plan, run_live
+
+    torch.set_num_threads(1)
+    lm = TinyBackbone(TinyConfig(n_layers=30, n_q_heads=9, n_kv_heads=3, head_dim=64, vocab=128))
+    lm.name = "minivox"
+    lm.model.generation_config.eos_token_id = None
+    rng = np.random.default_rng(0)
+    sf.write(str(tmp_path / "a.wav"), (0.1 * rng.standard_normal(16000 * 8)).astype(np.float32), 16000)
+    hs = HeadScores(rng.random((30, 3)), rng.random((30, 3)))
+    job = LiveJob([LiveInput("a", Path(tmp_path / "a.wav"), "x y")], make_plan(["full,wnw"], [0.2]),
+                  LiveConfig(6, head_scores=hs))
+    run_live(lm, job, tmp_path / "live", log=lambda m: None)
+    res = CliRunner().invoke(app, ["simulate", str(tmp_path / "live"), "--gpu", "h100-sxm"])
+    assert res.exit_code == 0, res.output
+    assert "a__none__wnw__0.2" in res.output and "a__none__full__1" in res.output

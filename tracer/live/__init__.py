@@ -1,0 +1,1 @@
+"""Live decoding with KV-cache policies applied inside the model's attention (closed loop)."""

@@ -1,0 +1,219 @@
+"""Inputs of live decoding: audio + reference text from a few dataset layouts.
+
+Layouts (``kvsim live --dataset KIND ROOT``):
+
+* ``dir`` -- a folder of ``*.wav`` / ``*.flac`` with same-stem ``*.txt`` references.
+* ``librispeech-long`` -- LibriSpeech-style trees, recursive: every ``*.flac``/``*.wav`` takes
+  its reference from a same-stem ``.txt`` or from the chapter's ``<spk>-<chap>.trans.txt``
+  (lines ``<utterance-id> <TEXT>``). The exact published layout of LibriSpeech-Long was not
+  verified offline; both conventions are accepted.
+* ``primock57`` -- the published PriMock57 repository layout (verified on GitHub):
+  ``audio/dayD_consultationNN_{doctor,patient}.wav`` and
+  ``transcripts/<same stem>.TextGrid`` (one IntervalTier of utterances; ``<UNSURE>x</UNSURE>``
+  keeps ``x``, ``<UNIN/>`` and other tags are dropped). Each speaker channel is one input.
+* ``manifest`` -- the project's espeak long-form sets: a ``manifest.parquet`` with columns
+  ``audio_path`` (relative to the manifest's folder), ``text``, ``duration``, optionally
+  ``id``, ``split``, ``words``, ``word_start``, ``word_end`` (tracer/minivox/data.py);
+  ``--split`` selects rows.
+
+``--max-seconds`` crops long inputs; when word or utterance times are known the reference is
+cropped to what was spoken before the cut.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+AUDIO_EXT = (".wav", ".flac")
+SAMPLE_RATE = 16000
+
+
+class DataError(ValueError):
+    """A dataset file is missing or malformed (the message names it)."""
+
+
+@dataclass
+class LiveInput:
+    """One clip to decode."""
+
+    id: str
+    audio_path: Path
+    reference: str | None
+    task: str = "transcribe"  #: transcribe | translate
+    #: (start_s, end_s, text) segments of the reference when known (for cropping)
+    segments: list[tuple[float, float, str]] | None = None
+
+    def load(self, max_seconds: float | None = None) -> tuple[np.ndarray, str | None]:
+        """16 kHz mono float32 audio (cropped) and the matching reference."""
+        audio = load_audio(self.audio_path)
+        ref = self.reference
+        if max_seconds is not None and len(audio) > max_seconds * SAMPLE_RATE:
+            audio = audio[: int(max_seconds * SAMPLE_RATE)]
+            if self.segments is not None:
+                ref = " ".join(t for s, e, t in self.segments if e <= max_seconds + 1e-6)
+        return audio, ref
+
+
+def load_audio(path: Path) -> np.ndarray:
+    """Read an audio file as 16 kHz mono float32."""
+    import soundfile as sf
+
+    try:
+        data, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    except Exception as exc:  # soundfile raises several types
+        raise DataError(f"{path}: cannot read audio ({exc})") from None
+    audio = data.mean(axis=1)
+    if rate != SAMPLE_RATE:
+        from math import gcd
+
+        from scipy.signal import resample_poly
+
+        g = gcd(int(rate), SAMPLE_RATE)
+        audio = resample_poly(audio, SAMPLE_RATE // g, int(rate) // g).astype(np.float32)
+    return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+# ----------------------------------------------------------------------------- layouts
+def from_dir(root: Path) -> list[LiveInput]:
+    files = sorted(p for p in root.iterdir() if p.suffix.lower() in AUDIO_EXT)
+    if not files:
+        raise DataError(f"{root}: no *.wav or *.flac files")
+    out = []
+    for p in files:
+        txt = p.with_suffix(".txt")
+        ref = txt.read_text().strip() if txt.exists() else None
+        out.append(LiveInput(p.stem, p, ref))
+    return out
+
+
+def from_librispeech(root: Path) -> list[LiveInput]:
+    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in AUDIO_EXT)
+    if not files:
+        raise DataError(f"{root}: no audio files found (LibriSpeech-Long layout)")
+    trans: dict[str, str] = {}
+    for t in root.rglob("*.trans.txt"):
+        for n, line in enumerate(t.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            uid, _, text = line.partition(" ")
+            if not text:
+                raise DataError(f"{t}:{n}: expected '<utterance-id> <text>'")
+            trans[uid] = text.strip()
+    out = []
+    for p in files:
+        txt = p.with_suffix(".txt")
+        ref = txt.read_text().strip() if txt.exists() else trans.get(p.stem)
+        if ref is None:
+            raise DataError(f"{p}: no reference ({txt.name} or a .trans.txt line {p.stem})")
+        out.append(LiveInput(p.stem, p, ref))
+    return out
+
+
+_TAG_KEEP = re.compile(r"</?UNSURE>")
+_TAG_DROP = re.compile(r"<[^>]*/?>")
+
+
+def clean_primock_text(text: str) -> str:
+    """PriMock57 transcript markup: keep ``<UNSURE>`` contents, drop ``<UNIN/>`` and tags."""
+    text = _TAG_KEEP.sub("", text)
+    return " ".join(_TAG_DROP.sub(" ", text).split())
+
+
+def read_textgrid(path: Path) -> list[tuple[float, float, str]]:
+    """Intervals (xmin, xmax, text) of the first IntervalTier of a Praat TextGrid (long text
+    format), non-empty texts only."""
+    try:
+        raw = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise DataError(f"{path}: {exc}") from None
+    if "IntervalTier" not in raw:
+        raise DataError(f"{path}: not a TextGrid with an IntervalTier")
+    pat = re.compile(r'xmin = ([\d.eE+-]+)\s*\n\s*xmax = ([\d.eE+-]+)\s*\n\s*text = "((?:[^"]|"")*)"')
+    out = []
+    for m in pat.finditer(raw):
+        text = clean_primock_text(m.group(3).replace('""', '"'))
+        if text:
+            out.append((float(m.group(1)), float(m.group(2)), text))
+    return out
+
+
+def from_primock57(root: Path) -> list[LiveInput]:
+    audio_dir, tr_dir = root / "audio", root / "transcripts"
+    if not audio_dir.is_dir() or not tr_dir.is_dir():
+        raise DataError(f"{root}: expected audio/ and transcripts/ (PriMock57 layout)")
+    out = []
+    for p in sorted(audio_dir.glob("day*_consultation*_*.wav")):
+        tg = tr_dir / f"{p.stem}.TextGrid"
+        if not tg.exists():
+            raise DataError(f"{p}: missing transcript {tg}")
+        segs = read_textgrid(tg)
+        out.append(LiveInput(p.stem, p, " ".join(t for _, _, t in segs), segments=segs))
+    if not out:
+        raise DataError(f"{audio_dir}: no dayD_consultationNN_<speaker>.wav files")
+    return out
+
+
+def from_manifest(path: Path, split: str | None = None) -> list[LiveInput]:
+    import polars as pl
+
+    if path.is_dir():
+        path = path / "manifest.parquet"
+    if not path.exists():
+        raise DataError(f"{path}: manifest not found")
+    df = pl.read_parquet(path)
+    for col in ("audio_path", "text"):
+        if col not in df.columns:
+            raise DataError(f"{path}: manifest has no column {col!r}")
+    if split is not None:
+        if "split" not in df.columns:
+            raise DataError(f"{path}: --split given but the manifest has no 'split' column")
+        df = df.filter(pl.col("split") == split)
+        if df.height == 0:
+            raise DataError(f"{path}: no rows with split == {split!r}")
+    out = []
+    for i, row in enumerate(df.iter_rows(named=True)):
+        segs = None
+        if row.get("words") is not None and row.get("word_end") is not None:
+            segs = [(float(s), float(e), w) for w, s, e in
+                    zip(row["words"], row["word_start"], row["word_end"], strict=True)]
+        out.append(LiveInput(str(row.get("id") or i), path.parent / row["audio_path"], row["text"],
+                             segments=segs))
+    return out
+
+
+DATASETS = {"dir": from_dir, "librispeech-long": from_librispeech, "primock57": from_primock57,
+            "manifest": from_manifest}
+
+
+def load_dataset(kind: str, root: Path, split: str | None = None, limit: int | None = None) -> list[LiveInput]:
+    """Inputs of dataset ``kind`` under ``root`` (see module docstring)."""
+    if kind not in DATASETS:
+        raise DataError(f"--dataset {kind!r}: choose one of {', '.join(DATASETS)}")
+    if not root.exists():
+        raise DataError(f"{root}: does not exist")
+    items = from_manifest(root, split) if kind == "manifest" else DATASETS[kind](root)
+    return items[:limit] if limit else items
+
+
+def from_paths(paths: list[Path], references: list[str] | None = None) -> list[LiveInput]:
+    """Plain audio files on the command line; references from ``--reference`` (a text or a
+    .txt file per input) or same-stem .txt files."""
+    out = []
+    for i, p in enumerate(paths):
+        if p.is_dir():
+            out += from_dir(p)
+            continue
+        if not p.exists():
+            raise DataError(f"{p}: does not exist")
+        ref = None
+        if references and i < len(references):
+            r = references[i]
+            ref = Path(r).read_text().strip() if r.endswith(".txt") and Path(r).exists() else r
+        elif p.with_suffix(".txt").exists():
+            ref = p.with_suffix(".txt").read_text().strip()
+        out.append(LiveInput(p.stem, p, ref))
+    return out

@@ -1,0 +1,275 @@
+"""Greedy live decoding with a policy in the loop, and plain greedy decoding to compare with."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+
+from kvsim.replay.engine import PolicySpec
+from kvsim.replay.steplog import STEP_LOG_COLUMNS, RunFacts
+from policies.base import HeadScores, PolicyContext
+from tracer.live.attention import ACTIVE, LIVE_ATTN
+from tracer.live.models import LiveModel, LivePrompt
+from tracer.live.offload import install_offload
+from tracer.live.session import LiveSession
+
+
+@dataclass
+class LiveConfig:
+    """How to decode.
+
+    Parameters
+    ----------
+    max_new_tokens : int
+        Generation stops after this many tokens (the run then counts as not terminated).
+    physical : bool
+        Physical offload path (:mod:`tracer.live.offload`) instead of masking emulation.
+    head_scores : HeadScores or None
+        Calibration scores for WnW / AudioKV.
+    check_invariants : bool
+        Check the protocol invariants at every step.
+    seed : int
+        Seed handed to policies.
+    """
+
+    max_new_tokens: int = 200
+    physical: bool = False
+    head_scores: HeadScores | None = None
+    check_invariants: bool = True
+    seed: int = 0
+    record_tiers: bool = False  #: keep the tiers after prefill and after every step
+
+
+@dataclass
+class LiveRun:
+    """Outcome of one (input, policy, budget) live run."""
+
+    spec: PolicySpec
+    tokens: list[int]
+    text: str
+    terminated: bool
+    summary: dict[str, Any]
+    step_log: pl.DataFrame
+    facts: RunFacts
+    tiers_after_prefill: np.ndarray | None = None
+    tiers: list[np.ndarray] | None = None  #: with ``record_tiers``: after prefill, after each step
+    step_attention: list[np.ndarray] | None = None  #: with ``record_tiers``: StepView buffers
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _cache_kw(model: Any, cache: Any) -> dict[str, Any]:
+    """``cache=`` on transformers >= 5.2x, ``past_key_values=`` before (e.g. 5.17 on the GPU
+    image)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return {"cache": cache} if "cache" in params else {"past_key_values": cache}
+
+
+def _argmax(logits: torch.Tensor) -> int:
+    return int(torch.argmax(logits[0, -1]).item())
+
+
+@torch.no_grad()
+def plain_generate(lm: LiveModel, prompt: LivePrompt, max_new_tokens: int) -> list[int]:
+    """Stock ``generate`` (greedy, full cache, no session): the reference output."""
+    token = ACTIVE.set(None)
+    try:
+        out = lm.model.generate(**prompt.prefill_inputs(), max_new_tokens=max_new_tokens,
+                                do_sample=False, num_beams=1)
+    finally:
+        ACTIVE.reset(token)
+    seq = out[0].tolist()
+    if "input_ids" in prompt.prefill_inputs():
+        seq = seq[prompt.n_prompt:]
+    return seq
+
+
+@dataclass
+class Prefilled:
+    """The full-attention prefill of one prompt, shared by every policy run on it (the prefill
+    is policy-independent: compression applies to decoding)."""
+
+    cache: Any
+    first_token: int
+    queries: list[np.ndarray]
+    keys: list[np.ndarray]
+    seconds: float
+
+
+@torch.no_grad()
+def prefill_once(lm: LiveModel, prompt: LivePrompt) -> Prefilled:
+    """Run the prefill once, capturing the observation-window queries and prompt keys."""
+    from transformers import DynamicCache
+
+    from policies import registry
+
+    ctx = PolicyContext(heads=lm.layout, n_audio=prompt.n_audio, audio_tokens_per_s=lm.audio_tokens_per_s,
+                        n_prefill=prompt.n_prompt)
+    session = LiveSession(registry.make("full", 1.0), ctx, prompt.audio_positions, prompt.n_prompt)
+    cache = DynamicCache(config=lm.model.config)
+    token = ACTIVE.set(session)
+    try:
+        t0 = time.perf_counter()
+        out = lm.model(**prompt.prefill_inputs(), **_cache_kw(lm.model, cache), use_cache=True, logits_to_keep=1)
+        _sync(lm.device)
+        secs = time.perf_counter() - t0
+    finally:
+        ACTIVE.reset(token)
+    return Prefilled(cache, _argmax(out.logits), list(session._pq), list(session._pk), secs)
+
+
+@torch.no_grad()
+def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: LiveConfig,
+                  prefilled: Prefilled | None = None) -> LiveRun:
+    """Greedy decoding of ``prompt`` with ``spec``'s policy managing the audio KV.
+
+    Prefill runs with full attention (compression applies to decoding, as in WnW §3.3); the
+    policy then sets tiers from the observation-window attention and updates them after every
+    step; attention of every decode step reads only what the policy keeps (and selects).
+    ``prefilled`` (from :func:`prefill_once` on the same prompt) skips recomputing the prefill.
+    """
+    import copy
+
+    from transformers import DynamicCache
+
+    if lm.text_config._attn_implementation != LIVE_ATTN:
+        raise ValueError(f"{lm.name}: the text decoder does not use the {LIVE_ATTN!r} attention")
+    model, device = lm.model, lm.device
+    policy = spec.make()
+    ctx = PolicyContext(heads=lm.layout, n_audio=prompt.n_audio,
+                        audio_tokens_per_s=lm.audio_tokens_per_s, n_prefill=prompt.n_prompt,
+                        head_scores=cfg.head_scores, seed=cfg.seed)
+    session = LiveSession(policy, ctx, prompt.audio_positions, prompt.n_prompt,
+                          label=f"{spec.label}@{spec.budget:g}", physical=cfg.physical,
+                          check_invariants=cfg.check_invariants)
+    session.dtype_bytes = lm.dtype_bytes
+    eos = lm.eos_ids
+    cache = DynamicCache(config=model.config) if prefilled is None else copy.deepcopy(prefilled.cache)
+    token = ACTIVE.set(session)
+    step_ms: list[float] = []
+    tokens: list[int] = []
+    stats = None
+    peak = None
+    mem: dict[str, float] = {}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        t0 = time.perf_counter()
+        if prefilled is None:
+            out = model(**prompt.prefill_inputs(), **_cache_kw(model, cache), use_cache=True, logits_to_keep=1)
+            first = _argmax(out.logits)
+        else:
+            session._pq, session._pk = list(prefilled.queries), list(prefilled.keys)
+            first = prefilled.first_token
+        tiers0 = session.finish_prefill()
+        history = [tiers0.copy()] if cfg.record_tiers else None
+        attention: list[np.ndarray] = []
+        if cfg.physical:
+            session.cache = cache
+            stats = install_offload(cache, prompt.audio_positions, tiers0 == 2, device)
+        _sync(device)
+        prefill_s = time.perf_counter() - t0 + (prefilled.seconds if prefilled is not None else 0.0)
+        if device.type == "cuda":
+            # decode-time memory: after prefill, once the offloaded audio KV has left the device
+            mem["prefill_peak_mb"] = torch.cuda.max_memory_allocated(device) / 1e6
+            mem["after_prefill_mb"] = torch.cuda.memory_allocated(device) / 1e6
+            torch.cuda.reset_peak_memory_stats(device)
+        tokens.append(first)
+        terminated = tokens[-1] in eos
+        n = prompt.n_prompt
+        step = 0
+        while not terminated and len(tokens) < cfg.max_new_tokens:
+            session.begin_step(step)
+            t1 = time.perf_counter()
+            ids = torch.tensor([[tokens[-1]]], dtype=torch.long, device=device)
+            pos = torch.tensor([n + step], dtype=torch.long, device=device)
+            # position ids are left to the model (Qwen's M-RoPE offsets come from its prefill)
+            out = model(input_ids=ids, **_cache_kw(model, cache), use_cache=True, cache_position=pos,
+                        logits_to_keep=1)
+            tokens.append(_argmax(out.logits))
+            _sync(device)
+            step_ms.append(1e3 * (time.perf_counter() - t1))
+            if history is not None and session.buffer is not None:
+                attention.append(session.buffer.copy())
+            session.end_step(step, n + step)
+            if history is not None:
+                history.append(session.tiers.copy())
+            terminated = tokens[-1] in eos
+            step += 1
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device)
+    finally:
+        ACTIVE.reset(token)
+    text = lm.decode([t for t in tokens if t not in eos])
+    log = (pl.DataFrame(session.rows, schema=STEP_LOG_COLUMNS) if session.rows
+           else pl.DataFrame(schema=STEP_LOG_COLUMNS))
+    summary = _summary(session, log, ctx, spec, prompt, prefill_s, step_ms, terminated, len(tokens))
+    if stats is not None:
+        steps = max(len(step_ms), 1)
+        summary.update(
+            physical_h2d_mb_per_step=stats.h2d_bytes / 1e6 / steps,
+            physical_copies_per_step=stats.copies / steps,
+            physical_rebuilds_per_step=stats.rebuilds / steps,
+            device_audio_mb=sum(layer.device_audio_bytes() for layer in cache.layers) / 1e6,
+        )
+    if peak is not None:
+        summary["peak_mem_mb"] = peak / 1e6  # during decoding
+        summary.update(mem)
+    facts = RunFacts(
+        model=lm.name, n_layers=ctx.heads.n_layers, n_q_heads=ctx.heads.n_q_heads,
+        n_kv_heads=ctx.heads.n_kv_heads, head_dim=ctx.heads.head_dim, dtype_bytes=lm.dtype_bytes,
+        n_audio=ctx.n_audio, n_prefill=prompt.n_prompt, n_decode=len(session.rows),
+        policy=spec.label, budget=spec.budget, audio_tokens_per_s=lm.audio_tokens_per_s,
+    )
+    return LiveRun(spec=spec, tokens=tokens, text=text, terminated=terminated, summary=summary,
+                   step_log=log, facts=facts, tiers_after_prefill=tiers0, tiers=history,
+                   step_attention=attention if cfg.record_tiers else None)
+
+
+def _summary(session: LiveSession, log: pl.DataFrame, ctx: PolicyContext, spec: PolicySpec,
+             prompt: LivePrompt, prefill_s: float, step_ms: list[float], terminated: bool,
+             n_tokens: int) -> dict[str, Any]:
+    total = ctx.audio_kv_total
+    if log.height:
+        gpu = log["gpu_audio_tokens"].to_numpy() / total
+        cpu = log["cpu_audio_tokens"].to_numpy() / total
+        read = log["read_audio_tokens"].to_numpy() / total
+    else:
+        gpu = cpu = read = np.array([session.prefill_r_gpu])
+    retention = prompt.n_audio / max(prompt.original_n_audio, 1)
+    return {
+        "policy": spec.name,
+        "label": spec.label,
+        "budget": spec.budget,
+        "transform": prompt.transform,
+        "path": "physical" if session.physical else "mask",
+        "n_audio": ctx.n_audio,
+        "n_audio_original": prompt.original_n_audio,
+        "input_retention": retention,
+        "tokens": n_tokens,
+        "steps": log.height,
+        "terminated": terminated,
+        "r_gpu": float(gpu.mean()),
+        "r_gpu_max": float(gpu.max()),
+        "r_gpu_prefill": session.prefill_r_gpu,
+        "r_gpu_cpu": float((gpu + cpu).mean()),
+        # against the untransformed audio span (input transforms shrink T_a first)
+        "r_gpu_vs_original": float(gpu.mean()) * retention,
+        "read_fraction": float(read.mean()),
+        "h2d_mb_per_step": float(log["h2d_bytes"].mean() / 1e6) if log.height else 0.0,
+        "transfers_per_step": float(log["h2d_transfers"].mean()) if log.height else 0.0,
+        "ms_per_token": float(np.mean(step_ms)) if step_ms else float("nan"),
+        "prefill_s": prefill_s,
+        "policy_seconds": session.policy_seconds,
+    }

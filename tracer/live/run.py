@@ -1,0 +1,180 @@
+"""Run live decoding over inputs x transforms x policies x budgets and write the results."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from kvsim.replay.engine import PolicySpec
+from kvsim.trace.atomic import atomic_file, atomic_write_text
+from policies.base import MissingCalibrationError
+from tracer.live.data import LiveInput
+from tracer.live.decode import LiveConfig, LiveRun, live_generate, prefill_once
+from tracer.live.metrics import bleu, truncated_wer
+from tracer.live.models import LiveModel
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    """One method: an input transform (or none) followed by a policy at a budget."""
+
+    transform: str
+    spec: PolicySpec
+
+
+@dataclass
+class LiveJob:
+    inputs: Sequence[LiveInput]
+    plan: Sequence[PlanItem]
+    cfg: LiveConfig
+    max_seconds: float | None = None
+    instruction: str | None = None
+    language: str | None = None  #: source (transcribe) / target (translate) language
+    share_prefill: bool = True  #: one prefill per (input, transform), copied for every policy
+
+
+def make_plan(policy_args: Sequence[str], budgets: Sequence[float], transforms: str = "none") -> list[PlanItem]:
+    """Methods from ``--policy`` items and ``--transform``.
+
+    ``name[:k=v...]`` runs on every transform of ``--transform``; ``TRANSFORM/name[:k=v...]``
+    runs only on that transform (``voxzip1/voxzip`` = VoxZip stages 1+2). ``affpool`` without
+    a retention in a combination takes the budget as its retention (``affpool/full`` is AffPool
+    at r_GPU = budget, as a token-merging baseline). Plain ``full`` keeps everything whatever
+    the budget, so it runs once (at budget 1.0).
+    """
+    from kvsim.specs import parse_policies
+    from tracer.transforms import parse_transforms
+
+    crossed = list(parse_transforms(transforms))
+    plan: list[PlanItem] = []
+    for arg in policy_args:
+        for item in filter(None, (x.strip() for x in arg.split(","))):
+            tname, sep, pol = item.rpartition("/")
+            for b in budgets:
+                for spec in parse_policies([pol], b):
+                    if not sep:
+                        if spec.name == "full" and not spec.params:
+                            spec = PolicySpec("full", 1.0)  # budget-independent: run it once
+                        plan += [PlanItem(t, spec) for t in crossed if PlanItem(t, spec) not in plan]
+                        continue
+                    t = f"affpool:{b:g}" if tname == "affpool" else tname
+                    parse_transforms(t)  # validate
+                    plan.append(PlanItem(t, spec))
+    return plan
+
+
+def score_row(run: LiveRun, item: LiveInput, reference: str | None) -> dict[str, Any]:
+    row = {"input": item.id, **run.summary, "hypothesis": run.text, "reference": reference}
+    if reference:
+        if item.task == "translate":
+            row["bleu"] = bleu(run.text, reference)
+        else:
+            s = truncated_wer(run.text, reference)
+            row.update(wer=s.wer, wer_untruncated=s.wer_untruncated, length_ratio=s.length_ratio)
+    return row
+
+
+def run_live(lm: LiveModel, job: LiveJob, out: Path | None = None,
+             log: Callable[[str], None] = print) -> pl.DataFrame:
+    """Decode every combination; returns the per-run table (and writes it under ``out``)."""
+    rows: list[dict[str, Any]] = []
+    failed: set[tuple[str, float]] = set()
+    steps_dir = None
+    if out is not None:
+        steps_dir = out / "steps"
+        steps_dir.mkdir(parents=True, exist_ok=True)
+    from tracer.transforms import parse_transforms
+
+    order = list(dict.fromkeys(p.transform for p in job.plan))
+    fns = {t: parse_transforms(t)[t] for t in order}
+    for item in job.inputs:
+        audio, ref = item.load(job.max_seconds)
+        base = lm.prepare(audio, job.instruction, task=item.task, language=job.language)
+        for tname in order:
+            t0 = time.perf_counter()
+            prompt = base if fns[tname] is None else fns[tname](lm, base, audio)
+            t_transform = time.perf_counter() - t0
+            # a shared prefill cache would sit on the accelerator and inflate physical-path memory
+            share = job.share_prefill and not (job.cfg.physical and lm.device.type == "cuda")
+            shared = prefill_once(lm, prompt) if share else None
+            for spec in [p.spec for p in job.plan if p.transform == tname]:
+                key = (tname, spec.label, spec.budget)
+                if key in failed:
+                    continue
+                t1 = time.perf_counter()
+                try:
+                    run = live_generate(lm, prompt, spec, job.cfg, prefilled=shared)
+                except MissingCalibrationError as exc:
+                    # a policy that cannot run is reported once; the others go on (as replay)
+                    failed.add(key)
+                    log(f"skipping {spec.label}@{spec.budget:g}: {exc}")
+                    continue
+                row = score_row(run, item, ref)
+                row.update(transform=tname, transform_s=t_transform, wall_s=time.perf_counter() - t1,
+                           model=lm.name, duration_s=prompt.duration_s)
+                rows.append(row)
+                wer = row.get("wer", row.get("bleu"))
+                log(f"{item.id} {tname} {spec.label}@{spec.budget:g}: r_GPU {row['r_gpu']:.3f} "
+                    f"r_GPU+CPU {row['r_gpu_cpu']:.3f} {'WER' if 'wer' in row else 'score'} "
+                    f"{'-' if wer is None else f'{wer:.3f}'} term {run.terminated} "
+                    f"{row['ms_per_token']:.1f} ms/tok")
+                if steps_dir is not None:
+                    name = f"{item.id}__{tname}__{spec.label}__{spec.budget:g}".replace("/", "_")
+                    with atomic_file(steps_dir / f"{name}.parquet") as tmp:
+                        run.step_log.write_parquet(tmp)
+                    atomic_write_text(steps_dir / f"{name}.json", json.dumps(run.facts.to_json(), indent=1))
+        if out is not None and rows:  # partial results survive an interrupted long run
+            _write(out, pl.DataFrame(rows))
+    if not rows:
+        raise ValueError("no live run completed")
+    frame = pl.DataFrame(rows)
+    if out is not None:
+        _write(out, frame)
+    return frame
+
+
+def _write(out: Path, frame: pl.DataFrame) -> None:
+    with atomic_file(out / "runs.parquet") as tmp:
+        frame.write_parquet(tmp)
+    with atomic_file(out / "results.parquet") as tmp:
+        aggregate(frame).write_parquet(tmp)
+
+
+def aggregate(frame: pl.DataFrame) -> pl.DataFrame:
+    """One row per (transform, policy, budget): means over inputs, termination rate."""
+    keys = ["transform", "policy", "label", "budget", "path"]
+    aggs = [pl.len().alias("inputs"),
+            pl.col("r_gpu").mean(), pl.col("r_gpu_cpu").mean(), pl.col("r_gpu_vs_original").mean(),
+            pl.col("terminated").cast(pl.Float64).mean().alias("termination_rate"),
+            pl.col("h2d_mb_per_step").mean(), pl.col("transfers_per_step").mean(),
+            pl.col("ms_per_token").mean(), pl.col("input_retention").mean()]
+    for col in ("wer", "wer_untruncated", "length_ratio", "bleu", "physical_h2d_mb_per_step", "peak_mem_mb"):
+        if col in frame.columns:
+            aggs.append(pl.col(col).mean())
+    return frame.group_by(keys, maintain_order=True).agg(aggs)
+
+
+def wer_chart(results: pl.DataFrame, title: str = "Live decoding: truncated WER vs measured r_GPU"):
+    """Altair chart of WER against measured r_GPU, one line per policy (and transform)."""
+    import altair as alt
+
+    # x = GPU audio KV against the *untransformed* audio span, so input transforms compare
+    data = results.with_columns(
+        (pl.col("label") + pl.when(pl.col("transform") == "none").then(pl.lit(""))
+         .otherwise(pl.lit(" + ") + pl.col("transform").str.replace(r":[0-9.]+$", "")))
+        .alias("method"))  # affpool:0.2, affpool:0.4 ... are one method
+    cols = ["method", "budget", "r_gpu_vs_original", "r_gpu", "wer", "termination_rate", "r_gpu_cpu"]
+    base = alt.Chart(data.select([c for c in cols if c in data.columns])).encode(
+        x=alt.X("r_gpu_vs_original:Q", title="measured r_GPU (audio KV on GPU / untransformed audio KV)",
+                scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("wer:Q", title="truncated WER (WnW §3.5)"),
+        color=alt.Color("method:N", title="policy"),
+        tooltip=cols,
+    )
+    return (base.mark_line() + base.mark_point()).properties(title=title, width=420, height=300)

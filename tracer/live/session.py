@@ -1,0 +1,303 @@
+"""One live decoding run of one policy: the views a policy sees, the tiers it sets, the
+step log it leaves.
+
+It drives the *same* policy objects through the *same* protocol as the replay engine
+(``kvsim/replay/engine.py``, helpers/ENGINE_API.md), closed loop:
+
+* prefill runs with full attention; the session records the post-RoPE queries of the
+  observation window (prompt positions after the audio) and the prompt keys, and hands the
+  policy a :class:`LivePrefillView` whose ``audio_attention`` is the full-model causal softmax
+  of those queries over the prompt, restricted to audio columns (H_q, W, T_a);
+* at decode step ``s`` and layer ``l`` a query-aware policy's ``select`` is called before
+  attention (its mask, or the GPU tier, is what attention reads); attention then runs with the
+  per-(layer, KV-head) keep-mask merged in; when the policy asks for it the compressed softmax
+  restricted to audio columns is captured (H_q, T_a);
+* after all layers ``decode_step`` (or ``current_tiers`` for query-aware policies, as the
+  engine does) returns the tiers that take effect at step ``s + 1``.
+
+Invariants are checked as in the engine: tier dtype/shape, GONE absorbing, capacity, the select
+mask within the GPU tier.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvsim.replay.attention import causal_attention
+from kvsim.replay.engine import InvariantViolation
+from policies.base import Policy, PolicyContext, Tier
+from tracer.live.attention import (
+    masked_attention_probs,
+    masked_decode_attention,
+    stock_attention,
+)
+
+
+class LivePrefillView:
+    """Observation-window attention over the audio, from the captured prefill q/k."""
+
+    def __init__(self, queries: list[np.ndarray], keys: list[np.ndarray], window: np.ndarray,
+                 audio: np.ndarray) -> None:
+        self._q = queries  # per layer (H_q, W, D)
+        self._k = keys  # per layer (H_kv, N, D)
+        self._window = window
+        self._audio = audio
+        self._cache: dict[int, np.ndarray] = {}
+
+    @property
+    def n_window(self) -> int:
+        return len(self._window)
+
+    def audio_attention(self, layer: int) -> np.ndarray:
+        if layer not in self._cache:
+            att = causal_attention(self._q[layer], self._k[layer], self._window)
+            self._cache[layer] = np.ascontiguousarray(att[:, :, self._audio])
+        return self._cache[layer]
+
+    def audio_keys(self, layer: int) -> np.ndarray:
+        return np.ascontiguousarray(self._k[layer][:, self._audio])
+
+
+@dataclass
+class LiveStepView:
+    step: int
+    buffer: np.ndarray | None  # (L, H_q, T_a)
+
+    def audio_attention(self, layer: int) -> np.ndarray:
+        if self.buffer is None:
+            raise RuntimeError("policy did not set needs_step_attention = True")
+        return self.buffer[layer]
+
+
+@dataclass
+class LiveQueryView:
+    step: int
+    layer: int
+    _q: np.ndarray
+    _keys: np.ndarray
+
+    def query(self) -> np.ndarray:
+        return self._q
+
+    def audio_keys(self) -> np.ndarray:
+        return self._keys
+
+
+def check_tiers(name: str, tiers: Any, shape: tuple[int, ...]) -> None:
+    """The engine's shape/dtype/value checks on a tier array."""
+    if not isinstance(tiers, np.ndarray) or tiers.shape != shape:
+        got = getattr(tiers, "shape", type(tiers).__name__)
+        raise InvariantViolation(f"{name}: tiers must be an array of shape {shape}, got {got}")
+    if tiers.dtype != np.uint8:
+        raise InvariantViolation(f"{name}: tiers dtype must be uint8, got {tiers.dtype}")
+    if tiers.size and tiers.max() > Tier.GPU:
+        raise InvariantViolation(f"{name}: tier values must be GONE/CPU/GPU (0/1/2)")
+
+
+def _all_visible(mask: torch.Tensor) -> bool:
+    """True when an attention mask hides nothing (bool: all True; additive: all zero)."""
+    return bool(mask.all()) if mask.dtype == torch.bool else bool((mask == 0).all())
+
+
+def _runs_per_layer(mask: np.ndarray) -> np.ndarray:
+    starts = mask[..., 1:] & ~mask[..., :-1]
+    return starts.sum(axis=(1, 2)) + mask[..., 0].sum(axis=1)
+
+
+class LiveSession:
+    """The controller the live attention function calls into (see :mod:`tracer.live.attention`).
+
+    Parameters
+    ----------
+    policy : Policy
+        A fresh policy object (one per run).
+    ctx : PolicyContext
+        Shapes, audio count, calibration scores.
+    audio_positions : (T_a,) absolute prompt positions of the audio, sorted
+    n_prompt : number of prompt positions
+    label : name used in error messages
+    physical : bool
+        Physical offload (:mod:`tracer.live.offload`) instead of masking emulation.
+    """
+
+    def __init__(self, policy: Policy, ctx: PolicyContext, audio_positions: np.ndarray,
+                 n_prompt: int, label: str = "", physical: bool = False,
+                 check_invariants: bool = True) -> None:
+        self.policy = policy
+        self.ctx = ctx
+        self.label = label or policy.describe()
+        self.audio = np.asarray(audio_positions, dtype=np.int64)
+        if len(self.audio) == 0:
+            raise ValueError("the prompt has no audio positions; nothing to compress")
+        self.n_prompt = n_prompt
+        self.window = np.arange(int(self.audio[-1]) + 1, n_prompt)
+        if len(self.window) == 0:
+            # no prompt text after the audio: the last prompt position is the window
+            self.window = np.array([n_prompt - 1])
+        self.physical = physical
+        self.check = check_invariants
+        h = ctx.heads
+        self.shape = (h.n_layers, h.n_kv_heads, ctx.n_audio)
+        self.phase = "prefill"
+        self.step = -1
+        self._pq: list[np.ndarray | None] = [None] * h.n_layers
+        self._pk: list[np.ndarray | None] = [None] * h.n_layers
+        self.audio_keys: list[np.ndarray] = []
+        self.tiers: np.ndarray | None = None
+        self.gpu: np.ndarray | None = None
+        self.read = np.zeros(self.shape, dtype=bool)
+        self.buffer = (np.zeros((h.n_layers, h.n_q_heads, ctx.n_audio), dtype=np.float32)
+                       if policy.needs_step_attention else None)
+        self.rows: list[dict[str, Any]] = []
+        self.policy_seconds = 0.0
+        self.cache = None  # set by the decoder when physical
+        self._audio_t: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ attention hook
+    def attention(self, module, layer: int, query, key, value, attention_mask, **kwargs):
+        if self.phase == "prefill":
+            if query.shape[2] > 1:
+                self._record_prefill(layer, query, key)
+            return stock_attention(module, query, key, value, attention_mask, **kwargs)
+        if query.shape[0] != 1 or query.shape[2] != 1:
+            raise RuntimeError("live decoding runs batch size 1, one token per step")
+        return self._decode_attention(module, layer, query, key, value, attention_mask, **kwargs)
+
+    def _record_prefill(self, layer: int, query: torch.Tensor, key: torch.Tensor) -> None:
+        w = torch.as_tensor(self.window, device=query.device)
+        self._pq[layer] = query[0].index_select(1, w).detach().float().cpu().numpy()
+        self._pk[layer] = key[0, :, : self.n_prompt].detach().float().cpu().numpy()
+
+    def _decode_attention(self, module, layer, query, key, value, attention_mask, **kwargs):
+        policy = self.policy
+        gpu_l = self.gpu[layer]
+        read = gpu_l
+        if policy.query_aware:
+            t0 = time.perf_counter()
+            q_np = query[0, :, 0, :].detach().float().cpu().numpy()
+            sel = policy.select(LiveQueryView(self.step, layer, q_np, self.audio_keys[layer]))
+            self.policy_seconds += time.perf_counter() - t0
+            cur = policy.current_tiers()
+            if cur is not None:
+                gpu_l = cur[layer] == Tier.GPU
+                self.gpu[layer] = gpu_l
+            if sel is not None:
+                if self.check and (sel & ~gpu_l).any():
+                    raise InvariantViolation(
+                        f"{self.label}: select() read audio that is not on GPU "
+                        f"(step {self.step}, layer {layer})")
+                read = sel
+        self.read[layer] = read
+        if attention_mask is not None and self.step == 0 and not _all_visible(attention_mask):
+            raise RuntimeError("live decoding supports unpadded batch-1 prompts only")
+        scaling = kwargs.get("scaling", module.scaling)
+        if self.physical:
+            off = self.cache.layers[layer]
+            key, value = off.sync(gpu_l)
+            keep = off.keep_mask(read)
+            attention_mask = None  # built for the logical length; one decode query sees all keys
+        else:
+            keep = self._logical_keep(read, key.shape[2], key.device)
+        if keep is None:
+            out = stock_attention(module, query, key, value, attention_mask, **kwargs)
+        else:
+            out = (masked_decode_attention(query, key, value, keep, scaling), None)
+        if self.buffer is not None:
+            probs = masked_attention_probs(query, key, keep, scaling)
+            cols = (self.cache.layers[layer].audio_columns(probs) if self.physical
+                    else probs[:, self._audio_index(probs.device)])
+            self.buffer[layer] = cols.cpu().numpy()
+        return out
+
+    def _audio_index(self, device: torch.device) -> torch.Tensor:
+        if self._audio_t is None or self._audio_t.device != device:
+            self._audio_t = torch.as_tensor(self.audio, device=device)
+        return self._audio_t
+
+    def _logical_keep(self, read: np.ndarray, n: int, device: torch.device) -> torch.Tensor | None:
+        if read.all():
+            return None
+        keep = torch.ones((read.shape[0], n), dtype=torch.bool, device=device)
+        keep[:, self._audio_index(device)] = torch.as_tensor(read, device=device)
+        return keep
+
+    # ------------------------------------------------------------------ lifecycle
+    def finish_prefill(self) -> np.ndarray:
+        """Hand the policy its prefill view; return the initial tiers."""
+        if any(q is None for q in self._pq):
+            raise RuntimeError("prefill attention was not captured: is the model using the "
+                               f"'{'kvsim_live'}' attention on its text decoder?")
+        view = LivePrefillView(self._pq, self._pk, self.window, self.audio)
+        self.audio_keys = [view.audio_keys(layer) for layer in range(self.shape[0])]
+        t0 = time.perf_counter()
+        tiers = self.policy.prefill(self.ctx, view)
+        self.policy_seconds += time.perf_counter() - t0
+        check_tiers(self.label, tiers, self.shape)
+        self.tiers = tiers.copy()
+        self.gpu = tiers == Tier.GPU
+        self._check_capacity(-1)
+        self.prefill_r_gpu = float(self.gpu.mean())
+        self._pq = self._pk = []  # free the prompt keys and window queries
+        self.phase = "decode"
+        return self.tiers
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+
+    def end_step(self, step: int, position: int) -> None:
+        """After all layers of decode step ``step`` (query at ``position``): let the policy
+        update its tiers and log the step in the STEP_LOG_COLUMNS format."""
+        policy, prev = self.policy, self.tiers
+        t0 = time.perf_counter()
+        if policy.query_aware:
+            new = policy.current_tiers()
+        else:
+            new = policy.decode_step(LiveStepView(step, self.buffer))
+        self.policy_seconds += time.perf_counter() - t0
+        L = self.shape[0]
+        row: dict[str, Any] = {"step": step, "context_tokens": position + 1,
+                               "non_audio_tokens": position + 1 - self.ctx.n_audio}
+        if new is None or (new is prev and not policy.query_aware):
+            h2d_layer = runs_layer = [0] * L
+            released = 0
+        else:
+            check_tiers(self.label, new, prev.shape)
+            if self.check and ((prev == Tier.GONE) & (new != Tier.GONE)).any():
+                raise InvariantViolation(
+                    f"{self.label}: a GONE position came back at step {step} (GONE is absorbing)")
+            recalled = (prev == Tier.CPU) & (new == Tier.GPU)
+            h2d_layer = recalled.sum(axis=(1, 2)).tolist()
+            runs_layer = _runs_per_layer(recalled).tolist()
+            released = int(((prev == Tier.GPU) & (new != Tier.GPU)).sum())
+            self.tiers = new.copy()
+            self.gpu = new == Tier.GPU
+            self._check_capacity(step)
+        h2d = int(sum(h2d_layer))
+        heads = self.ctx.heads
+        row.update(
+            gpu_audio_tokens=int(self.gpu.sum()),
+            cpu_audio_tokens=int((self.tiers == Tier.CPU).sum()),
+            read_audio_tokens=int(self.read.sum()),
+            h2d_tokens=h2d,
+            h2d_bytes=h2d * 2 * heads.head_dim * self.dtype_bytes,
+            h2d_transfers=int(sum(runs_layer)),
+            h2d_tokens_by_layer=[int(x) for x in h2d_layer],
+            h2d_transfers_by_layer=[int(x) for x in runs_layer],
+            released_tokens=released,
+        )
+        self.rows.append(row)
+
+    dtype_bytes: int = 2
+
+    def _check_capacity(self, step: int) -> None:
+        cap = self.policy.gpu_capacity()
+        if cap is not None and self.check:
+            n = int(self.gpu.sum())
+            if n > cap:
+                raise InvariantViolation(
+                    f"{self.label}: {n} GPU audio tokens exceed its capacity {cap} at step {step}")

@@ -1,0 +1,68 @@
+"""Input transforms: rewrite the audio span of the decoder's input embeddings before prefill.
+
+Each transform is a function ``(audio_embeds, audio times, ...) -> SpanTransform`` (new
+embeddings, per-position kinds and times, order preserved); :func:`splice` puts the result
+back into a prompt. Used by ``kvsim live --transform`` (and by ``kvsim trace`` later).
+
+* ``voxzip1`` -- VoxZip stage 1 semantic anchors (:mod:`tracer.transforms.voxzip_anchors`);
+* ``affpool[:retention]`` -- affinity pooling of adjacent audio tokens
+  (:mod:`tracer.transforms.affpool`), default retention 0.5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tracer.transforms.affpool import affpool
+from tracer.transforms.base import SpanTransform, splice
+from tracer.transforms.voxzip_anchors import semantic_anchors, whisper_segments
+
+__all__ = ["SpanTransform", "affpool", "semantic_anchors", "splice", "parse_transforms"]
+
+
+def _audio_span(lm, prompt) -> tuple[torch.Tensor, torch.Tensor]:
+    full = lm.embed(prompt)
+    a = prompt.audio_positions
+    return full, full[0, int(a[0]) : int(a[-1]) + 1]
+
+
+def affpool_transform(retention: float) -> Callable[..., Any]:
+    def apply(lm, prompt, audio):
+        full, span = _audio_span(lm, prompt)
+        out = affpool(span, prompt.audio_start_s, prompt.audio_end_s, retention=retention)
+        return splice(prompt, out, full, f"affpool:{retention:g}")
+    return apply
+
+
+def voxzip1_transform(segment_fn: Callable[..., Any] = whisper_segments) -> Callable[..., Any]:
+    def apply(lm, prompt, audio):
+        full, span = _audio_span(lm, prompt)
+        segs = segment_fn(audio)
+        out = semantic_anchors(span, prompt.audio_start_s, prompt.audio_end_s, segs, lm.text_embeddings)
+        return splice(prompt, out, full, "voxzip1")
+    return apply
+
+
+def parse_transforms(text: str) -> dict[str, Callable[..., Any] | None]:
+    """``"none,voxzip1,affpool:0.5"`` -> name -> transform (None = untouched input)."""
+    out: dict[str, Callable[..., Any] | None] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, arg = item.partition(":")
+        if name == "none":
+            out["none"] = None
+        elif name == "voxzip1":
+            out["voxzip1"] = voxzip1_transform()
+        elif name == "affpool":
+            try:
+                r = float(arg) if arg else 0.5
+            except ValueError:
+                raise ValueError(f"--transform {item!r}: retention must be a number") from None
+            out[f"affpool:{r:g}"] = affpool_transform(r)
+        else:
+            raise ValueError(f"--transform {item!r}: unknown; use none, voxzip1, affpool[:retention]")
+    if not out:
+        raise ValueError("--transform: nothing given")
+    return out
