@@ -35,17 +35,18 @@ def _discover() -> None:
     _DISCOVERED = True
 
 
-def available() -> dict[str, type[Policy]]:
-    """All registered policies, sorted by name."""
+def available(include_private: bool = False) -> dict[str, type[Policy]]:
+    """All registered policies, sorted by name. Names starting with ``_`` (test doubles) are
+    listed only with ``include_private``; :func:`get` finds them either way."""
     _discover()
-    return dict(sorted(_REGISTRY.items()))
+    return dict(sorted((k, v) for k, v in _REGISTRY.items() if include_private or not k.startswith("_")))
 
 
 def get(name: str) -> type[Policy]:
     """The policy class called ``name``; a clear error listing the choices otherwise."""
-    pols = available()
+    pols = available(include_private=True)
     if name not in pols:
-        raise KeyError(f"unknown policy {name!r}; available: {', '.join(pols)}")
+        raise KeyError(f"unknown policy {name!r}; available: {', '.join(available())}")
     return pols[name]
 
 
