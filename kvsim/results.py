@@ -54,12 +54,15 @@ def write_outputs(out: Path, results: Sequence[RunResult]) -> pl.DataFrame:
     return frame
 
 
-def print_table(frame: pl.DataFrame, console: Console | None = None, title: str = "kvsim replay") -> None:
+def print_table(frame: pl.DataFrame, console: Console | None = None, title: str = "kvsim replay",
+                columns: Sequence[tuple[str, str, str]] = SCREEN_COLUMNS,
+                left: Sequence[str] = ("trace", "label", "transform")) -> None:
+    """A rich table of ``frame``: (column, header, format) triples; missing columns skipped."""
     console = console or Console()
     table = Table(title=title, header_style="bold")
-    cols = [c for c in SCREEN_COLUMNS if c[0] in frame.columns]
-    for _, header, _ in cols:
-        table.add_column(header, justify="left" if header in ("trace", "policy") else "right")
+    cols = [c for c in columns if c[0] in frame.columns]
+    for key, header, _ in cols:
+        table.add_column(header, justify="left" if key in left else "right")
     for row in frame.iter_rows(named=True):
         cells = []
         for key, _, fmt in cols:

@@ -196,6 +196,38 @@ class QueryView(Protocol):
         ...
 
 
+@dataclass
+class BufferStepView:
+    """A :class:`StepView` over a (L, H_q, T_a) buffer that the driver (replay engine or live
+    decoding) fills with the compressed attention of every layer."""
+
+    step: int
+    buffer: np.ndarray | None
+
+    def audio_attention(self, layer: int) -> np.ndarray:
+        if self.buffer is None:
+            raise RuntimeError("policy did not set needs_step_attention = True")
+        return self.buffer[layer]
+
+
+@dataclass
+class ArrayQueryView:
+    """A :class:`QueryView` over one layer's query and audio keys. ``memo`` (optional) is
+    shared by the policies the driver runs on this step and layer (see :func:`shared`)."""
+
+    step: int
+    layer: int
+    _q: np.ndarray
+    _keys: np.ndarray
+    memo: dict | None = None
+
+    def query(self) -> np.ndarray:
+        return self._q
+
+    def audio_keys(self) -> np.ndarray:
+        return self._keys
+
+
 def shared(view: QueryView, key: Hashable, compute: Callable[[], T]) -> T:
     """``compute()``, shared by every policy that asks for ``key`` at this step and layer.
 

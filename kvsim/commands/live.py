@@ -96,19 +96,9 @@ def live(
 
 
 def _print_table(frame, title: str) -> None:
-    from rich.table import Table
+    from kvsim.results import print_table
 
-    table = Table(title=title, header_style="bold")
-    cols = [c for c in SCREEN if c[0] in frame.columns]
-    for key, header, _ in cols:
-        table.add_column(header, justify="left" if key in ("transform", "label") else "right")
-    for row in frame.iter_rows(named=True):
-        cells = []
-        for key, _, fmt in cols:
-            v = row[key]
-            cells.append("-" if v is None or (isinstance(v, float) and v != v) else fmt.format(v))
-        table.add_row(*cells)
-    Console(width=max(Console().width, 150)).print(table)
+    print_table(frame, Console(width=max(Console().width, 150)), title, SCREEN)
 
 
 def register(app: typer.Typer) -> None:

@@ -21,10 +21,18 @@ import numpy as np
 import polars as pl
 
 from kvsim.replay.attention import as_f32, causal_attention, gqa_logits, softmax_
-from kvsim.replay.steplog import STEP_LOG_COLUMNS, RunFacts
+from kvsim.replay.steplog import STEP_LOG_COLUMNS, RunFacts, retention_per_step
 from kvsim.trace.reader import Trace
 from policies import registry
-from policies.base import HeadScores, MissingCalibrationError, Policy, PolicyContext, Tier
+from policies.base import (
+    ArrayQueryView,
+    BufferStepView,
+    HeadScores,
+    MissingCalibrationError,
+    Policy,
+    PolicyContext,
+    Tier,
+)
 
 
 class InvariantViolation(AssertionError):
@@ -124,32 +132,6 @@ class _PrefillView:
         return self._keys[layer][:, self._audio]
 
 
-@dataclass
-class _StepView:
-    step: int
-    buffer: np.ndarray | None  # (L, H_q, T_a)
-
-    def audio_attention(self, layer: int) -> np.ndarray:
-        if self.buffer is None:
-            raise RuntimeError("policy did not set needs_step_attention = True")
-        return self.buffer[layer]
-
-
-@dataclass
-class _QueryView:
-    step: int
-    layer: int
-    _q: np.ndarray
-    _keys: np.ndarray
-    memo: dict = field(default_factory=dict)  #: shared by every run at this step and layer
-
-    def query(self) -> np.ndarray:
-        return self._q
-
-    def audio_keys(self) -> np.ndarray:
-        return self._keys
-
-
 # ----------------------------------------------------------------------------- run state
 class _Run:
     """Mutable state of one policy during a replay."""
@@ -192,7 +174,8 @@ class _Run:
         self.n_cpu = int(np.count_nonzero(self.tiers == Tier.CPU))
 
 
-def _check_tiers(name: str, tiers: np.ndarray, shape: tuple[int, ...]) -> None:
+def check_tiers(name: str, tiers: np.ndarray, shape: tuple[int, ...]) -> None:
+    """Shape, dtype and value checks on a tier array returned by a policy."""
     if not isinstance(tiers, np.ndarray) or tiers.shape != shape:
         got = getattr(tiers, "shape", type(tiers).__name__)
         raise InvariantViolation(f"{name}: tiers must be an array of shape {shape}, got {got}")
@@ -265,7 +248,7 @@ class Replayer:
                 runs.remove(run)
                 continue
             run.seconds += time.perf_counter() - t0
-            _check_tiers(run.spec.label, tiers, shape)
+            check_tiers(run.spec.label, tiers, shape)
             run.set_tiers(tiers)
             self._check_capacity(run, -1)
             if cfg.record_tiers:
@@ -308,7 +291,7 @@ class Replayer:
                 n_res = resident[:, layer]  # (R, H_kv)
                 if query_aware:
                     M, n_res = M.copy(), n_res.copy()
-                    qview = _QueryView(s, layer, q, self.keys32[layer][:, ai])
+                    qview = ArrayQueryView(s, layer, q, self.keys32[layer][:, ai], memo={})
                     for r, run in query_aware:
                         t0 = time.perf_counter()
                         sel = run.policy.select(qview)
@@ -376,7 +359,7 @@ class Replayer:
         if run.policy.query_aware:
             new = run.policy.current_tiers()
         else:
-            view = _StepView(s, run.buffer)
+            view = BufferStepView(s, run.buffer)
             new = run.policy.decode_step(view)
         run.seconds += time.perf_counter() - t0
         row: dict[str, Any] = {"step": s, "context_tokens": p + 1,
@@ -387,7 +370,7 @@ class Replayer:
             runs_layer = zeros
             released = 0
         else:
-            _check_tiers(run.spec.label, new, prev.shape)
+            check_tiers(run.spec.label, new, prev.shape)
             if cfg.check_invariants and ((prev == Tier.GONE) & (new != Tier.GONE)).any():
                 raise InvariantViolation(
                     f"{run.spec.label}: a GONE position came back at step {s} (GONE is absorbing)")
@@ -433,13 +416,7 @@ class Replayer:
             else:
                 cols[name] = pl.Series(name, run.log[name], dtype=dtype)
         log = pl.DataFrame(cols)
-        total = ctx.audio_kv_total
-        if log.height:
-            gpu = log["gpu_audio_tokens"].to_numpy() / total
-            cpu = log["cpu_audio_tokens"].to_numpy() / total
-            read = log["read_audio_tokens"].to_numpy() / total
-        else:
-            gpu = cpu = read = np.array([prefill_r])
+        gpu, cpu, read = retention_per_step(log, ctx.audio_kv_total, prefill_r)
         saves = run.policy.saves_capacity
         summary = {
             "trace": self.trace.name,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 #: Column -> dtype of a step log.
@@ -59,3 +60,13 @@ class RunFacts:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def retention_per_step(log: pl.DataFrame, audio_kv_total: int,
+                       prefill_r_gpu: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """r_GPU, r_CPU-only and read fraction of every step of a log (WnW §3.4 denominators:
+    L * H_kv * T_a); a log without steps gives the prefill state."""
+    if not log.height:
+        return np.array([prefill_r_gpu]), np.array([0.0]), np.array([prefill_r_gpu])
+    return tuple(log[c].to_numpy() / audio_kv_total
+                 for c in ("gpu_audio_tokens", "cpu_audio_tokens", "read_audio_tokens"))

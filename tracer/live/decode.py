@@ -11,7 +11,7 @@ import polars as pl
 import torch
 
 from kvsim.replay.engine import PolicySpec
-from kvsim.replay.steplog import STEP_LOG_COLUMNS, RunFacts
+from kvsim.replay.steplog import STEP_LOG_COLUMNS, RunFacts, retention_per_step
 from policies.base import HeadScores, PolicyContext
 from tracer.live.attention import ACTIVE, LIVE_ATTN
 from tracer.live.models import LiveModel, LivePrompt
@@ -240,13 +240,7 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
 def _summary(session: LiveSession, log: pl.DataFrame, ctx: PolicyContext, spec: PolicySpec,
              prompt: LivePrompt, prefill_s: float, step_ms: list[float], terminated: bool,
              n_tokens: int) -> dict[str, Any]:
-    total = ctx.audio_kv_total
-    if log.height:
-        gpu = log["gpu_audio_tokens"].to_numpy() / total
-        cpu = log["cpu_audio_tokens"].to_numpy() / total
-        read = log["read_audio_tokens"].to_numpy() / total
-    else:
-        gpu = cpu = read = np.array([session.prefill_r_gpu])
+    gpu, cpu, read = retention_per_step(log, ctx.audio_kv_total, session.prefill_r_gpu)
     retention = prompt.n_audio / max(prompt.original_n_audio, 1)
     return {
         "policy": spec.name,

@@ -22,15 +22,14 @@ mask within the GPU tier.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from kvsim.replay.attention import causal_attention
-from kvsim.replay.engine import InvariantViolation
-from policies.base import Policy, PolicyContext, Tier
+from kvsim.replay.engine import InvariantViolation, check_tiers
+from policies.base import ArrayQueryView, BufferStepView, Policy, PolicyContext, Tier
 from tracer.live.attention import (
     masked_attention_probs,
     masked_decode_attention,
@@ -61,42 +60,6 @@ class LivePrefillView:
 
     def audio_keys(self, layer: int) -> np.ndarray:
         return np.ascontiguousarray(self._k[layer][:, self._audio])
-
-
-@dataclass
-class LiveStepView:
-    step: int
-    buffer: np.ndarray | None  # (L, H_q, T_a)
-
-    def audio_attention(self, layer: int) -> np.ndarray:
-        if self.buffer is None:
-            raise RuntimeError("policy did not set needs_step_attention = True")
-        return self.buffer[layer]
-
-
-@dataclass
-class LiveQueryView:
-    step: int
-    layer: int
-    _q: np.ndarray
-    _keys: np.ndarray
-
-    def query(self) -> np.ndarray:
-        return self._q
-
-    def audio_keys(self) -> np.ndarray:
-        return self._keys
-
-
-def check_tiers(name: str, tiers: Any, shape: tuple[int, ...]) -> None:
-    """The engine's shape/dtype/value checks on a tier array."""
-    if not isinstance(tiers, np.ndarray) or tiers.shape != shape:
-        got = getattr(tiers, "shape", type(tiers).__name__)
-        raise InvariantViolation(f"{name}: tiers must be an array of shape {shape}, got {got}")
-    if tiers.dtype != np.uint8:
-        raise InvariantViolation(f"{name}: tiers dtype must be uint8, got {tiers.dtype}")
-    if tiers.size and tiers.max() > Tier.GPU:
-        raise InvariantViolation(f"{name}: tier values must be GONE/CPU/GPU (0/1/2)")
 
 
 def _all_visible(mask: torch.Tensor) -> bool:
@@ -180,7 +143,7 @@ class LiveSession:
         if policy.query_aware:
             t0 = time.perf_counter()
             q_np = query[0, :, 0, :].detach().float().cpu().numpy()
-            sel = policy.select(LiveQueryView(self.step, layer, q_np, self.audio_keys[layer]))
+            sel = policy.select(ArrayQueryView(self.step, layer, q_np, self.audio_keys[layer]))
             self.policy_seconds += time.perf_counter() - t0
             cur = policy.current_tiers()
             if cur is not None:
@@ -257,7 +220,7 @@ class LiveSession:
         if policy.query_aware:
             new = policy.current_tiers()
         else:
-            new = policy.decode_step(LiveStepView(step, self.buffer))
+            new = policy.decode_step(BufferStepView(step, self.buffer))
         self.policy_seconds += time.perf_counter() - t0
         L = self.shape[0]
         row: dict[str, Any] = {"step": step, "context_tokens": position + 1,
