@@ -14,6 +14,7 @@ Replay is open loop: the queries are those recorded under the full cache. Live m
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,15 +107,17 @@ class RunResult:
 
 
 # ----------------------------------------------------------------------------- views
-class _PrefillView:
-    """Observation-window attention, computed once per layer and shared by all policies."""
+class WindowPrefillView:
+    """The :class:`PrefillView` of replay and live decoding: full-model causal attention of the
+    observation-window queries, restricted to the audio, computed once per layer and shared
+    by every policy of the run."""
 
-    def __init__(self, keys32: list[np.ndarray], trace: Trace, audio: np.ndarray) -> None:
-        self._keys = keys32
-        self._trace = trace
+    def __init__(self, queries: Callable[[int], np.ndarray], keys: Sequence[np.ndarray],
+                 window: np.ndarray, audio: np.ndarray) -> None:
+        self._queries = queries  # layer -> (H_q, W, D) float32
+        self._keys = keys  # per layer (H_kv, N, D) float32
+        self._window = window
         self._audio = audio
-        self._window = trace.window_positions
-        self._rows = np.array([trace.query_index(int(p)) for p in self._window], dtype=np.int64)
         self._cache: dict[int, np.ndarray] = {}
 
     @property
@@ -123,13 +126,12 @@ class _PrefillView:
 
     def audio_attention(self, layer: int) -> np.ndarray:
         if layer not in self._cache:
-            q = as_f32(self._trace.queries(layer)[:, self._rows])
-            att = causal_attention(q, self._keys[layer], self._window)
+            att = causal_attention(self._queries(layer), self._keys[layer], self._window)
             self._cache[layer] = np.ascontiguousarray(att[:, :, self._audio])
         return self._cache[layer]
 
     def audio_keys(self, layer: int) -> np.ndarray:
-        return self._keys[layer][:, self._audio]
+        return np.ascontiguousarray(self._keys[layer][:, self._audio])
 
 
 # ----------------------------------------------------------------------------- run state
@@ -237,7 +239,10 @@ class Replayer:
         runs = [_Run(s, s.make(), ctx) for s in specs]
         self.failures: list[tuple[PolicySpec, str]] = []
 
-        prefill_view = _PrefillView(self.keys32, self.trace, self.audio)
+        window = self.trace.window_positions
+        rows = np.array([self.trace.query_index(int(p)) for p in window], dtype=np.int64)
+        prefill_view = WindowPrefillView(lambda layer: as_f32(self.trace.queries(layer)[:, rows]),
+                                         self.keys32, window, self.audio)
         for run in list(runs):
             t0 = time.perf_counter()
             try:

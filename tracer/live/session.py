@@ -2,12 +2,13 @@
 step log it leaves.
 
 It drives the *same* policy objects through the *same* protocol as the replay engine
-(``kvsim/replay/engine.py``, helpers/ENGINE_API.md), closed loop:
+(``kvsim/replay/engine.py``, ``policies/base.py``), closed loop:
 
 * prefill runs with full attention; the session records the post-RoPE queries of the
   observation window (prompt positions after the audio) and the prompt keys, and hands the
-  policy a :class:`LivePrefillView` whose ``audio_attention`` is the full-model causal softmax
-  of those queries over the prompt, restricted to audio columns (H_q, W, T_a);
+  policy a :class:`kvsim.replay.engine.WindowPrefillView` (the engine's own) whose
+  ``audio_attention`` is the full-model causal softmax of those queries over the prompt,
+  restricted to audio columns (H_q, W, T_a);
 * at decode step ``s`` and layer ``l`` a query-aware policy's ``select`` is called before
   attention (its mask, or the GPU tier, is what attention reads); attention then runs with the
   per-(layer, KV-head) keep-mask merged in; when the policy asks for it the compressed softmax
@@ -27,39 +28,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvsim.replay.attention import causal_attention
-from kvsim.replay.engine import InvariantViolation, check_tiers
+from kvsim.replay.engine import InvariantViolation, WindowPrefillView, check_tiers
 from policies.base import ArrayQueryView, BufferStepView, Policy, PolicyContext, Tier
 from tracer.live.attention import (
     masked_attention_probs,
     masked_decode_attention,
     stock_attention,
 )
-
-
-class LivePrefillView:
-    """Observation-window attention over the audio, from the captured prefill q/k."""
-
-    def __init__(self, queries: list[np.ndarray], keys: list[np.ndarray], window: np.ndarray,
-                 audio: np.ndarray) -> None:
-        self._q = queries  # per layer (H_q, W, D)
-        self._k = keys  # per layer (H_kv, N, D)
-        self._window = window
-        self._audio = audio
-        self._cache: dict[int, np.ndarray] = {}
-
-    @property
-    def n_window(self) -> int:
-        return len(self._window)
-
-    def audio_attention(self, layer: int) -> np.ndarray:
-        if layer not in self._cache:
-            att = causal_attention(self._q[layer], self._k[layer], self._window)
-            self._cache[layer] = np.ascontiguousarray(att[:, :, self._audio])
-        return self._cache[layer]
-
-    def audio_keys(self, layer: int) -> np.ndarray:
-        return np.ascontiguousarray(self._k[layer][:, self._audio])
 
 
 def _all_visible(mask: torch.Tensor) -> bool:
@@ -195,7 +170,7 @@ class LiveSession:
         if any(q is None for q in self._pq):
             raise RuntimeError("prefill attention was not captured: is the model using the "
                                f"'{'kvsim_live'}' attention on its text decoder?")
-        view = LivePrefillView(self._pq, self._pk, self.window, self.audio)
+        view = WindowPrefillView(self._pq.__getitem__, self._pk, self.window, self.audio)
         self.audio_keys = [view.audio_keys(layer) for layer in range(self.shape[0])]
         t0 = time.perf_counter()
         tiers = self.policy.prefill(self.ctx, view)
