@@ -7,14 +7,15 @@ from pathlib import Path
 
 import typer
 
+from kvsim.commands._options import MODEL_HELP
+
 
 def register(app: typer.Typer) -> None:
     @app.command("calibrate")
     def calibrate(
         inputs: list[Path] = typer.Argument(..., help="Calibration audio files or folders."),
         model: str = typer.Option(..., "--model", "-m",
-                                  help="voxtral-mini, voxtral-small, qwen-omni, minivox, or a "
-                                       "checkpoint directory."),
+                                  help=MODEL_HELP),
         out: Path = typer.Option(..., "--out", "-o", help="heads.json to write."),
         reference: Path | None = typer.Option(
             None, "--reference", "-r",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from kvsim.commands._options import MODEL_HELP
 from tracer.audio import AudioError  # noqa: F401  (import check: tracer is importable)
 
 AUDIO_EXTS = (".wav", ".flac", ".ogg", ".mp3")
@@ -28,8 +29,7 @@ def register(app: typer.Typer) -> None:
     def trace(
         inputs: list[Path] = typer.Argument(..., help="Audio files (wav/flac/ogg/mp3) or folders."),
         model: str = typer.Option(..., "--model", "-m",
-                                  help="voxtral-mini, voxtral-small, qwen-omni, minivox, or a "
-                                       "checkpoint directory."),
+                                  help=MODEL_HELP),
         out: Path = typer.Option(..., "--out", "-o", help="Folder for the *.kvtrace traces."),
         reference: Path | None = typer.Option(
             None, "--reference", "-r",
