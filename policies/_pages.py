@@ -18,6 +18,8 @@ logit), computed here for all pages at once.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 
@@ -44,12 +46,20 @@ def page_of_position(n_audio: int, page_size: int) -> np.ndarray:
     return np.arange(n_audio, dtype=np.int64) // page_size
 
 
+@lru_cache(maxsize=64)
+def _position_pages(n_audio: int, page_size: int) -> np.ndarray:
+    """Read-only :func:`page_of_position`, computed once per geometry (hot path)."""
+    out = page_of_position(n_audio, page_size)
+    out.flags.writeable = False
+    return out
+
+
 def expand_pages(page_mask: np.ndarray, n_audio: int, page_size: int) -> np.ndarray:
     """Turn a per-page array (..., n_pages) into a per-position array (..., T_a)."""
     if n_audio % page_size == 0:  # whole pages: a broadcast repeat, no gather
         rep = np.broadcast_to(page_mask[..., None], (*page_mask.shape, page_size))
         return rep.reshape(*page_mask.shape[:-1], n_audio)
-    return np.repeat(page_mask, page_sizes(n_audio, page_size), axis=-1)
+    return np.take(page_mask, _position_pages(n_audio, page_size), axis=-1)
 
 
 def minmax_digest(keys: np.ndarray, page_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -139,18 +149,52 @@ class PageBoxes:
         return np.matmul(q, self._mid_t) + np.matmul(np.abs(q), self._half_t)
 
 
+def page_ranks(scores: np.ndarray) -> np.ndarray:
+    """Rank of every entry in its row by descending score (0 = highest), along the last axis.
+
+    Ties go to the earlier page, so ``page_ranks(s) < k`` is :func:`top_pages` for every ``k``
+    at once: the replay engine computes the ranks once per step and layer and each budget of a
+    page policy reads its own top-k from them (one comparison).
+    """
+    scores = np.asarray(scores)
+    n = scores.shape[-1]
+    order = np.argsort(-scores, axis=-1, kind="stable")
+    ranks = np.empty(scores.shape, dtype=np.int64)
+    np.put_along_axis(ranks, order, np.arange(n)[(None,) * (scores.ndim - 1)], axis=-1)
+    return ranks
+
+
 def top_pages(scores: np.ndarray, k: int) -> np.ndarray:
-    """Boolean mask of the ``k`` highest scores along the last axis (same ``k`` for all rows)."""
+    """Boolean mask of the ``k`` highest scores along the last axis (same ``k`` for all rows).
+
+    Ties are broken towards the earlier page, as in :func:`policies.base.topk_mask`.
+    """
     n = scores.shape[-1]
     if k <= 0:
         return np.zeros(scores.shape, dtype=bool)
     if k >= n:
         return np.ones(scores.shape, dtype=bool)
-    flat = scores.reshape(-1, n)
-    idx = np.argpartition(-flat, k - 1, axis=-1)[:, :k]
-    out = np.zeros(flat.shape, dtype=bool)
-    out[np.arange(flat.shape[0])[:, None], idx] = True
-    return out.reshape(scores.shape)
+    return page_ranks(scores) < k
+
+
+def lowest_among(candidates: np.ndarray, k: np.ndarray, ascending: np.ndarray,
+                 ascending_rank: np.ndarray) -> np.ndarray:
+    """The ``k[row]`` lowest-scored candidate pages of every row, ties to the earlier page.
+
+    Equal to ``topk_mask(np.where(candidates, -scores, -inf), k) & candidates`` for
+    ``k <= candidates.sum(-1)``, given the scores' stable ascending order
+    ``ascending = argsort(scores, kind="stable")`` and its inverse ``ascending_rank`` (both
+    shared by every run at a step and layer): the candidates taken in that order, the first
+    ``k`` of each row.
+
+    Parameters
+    ----------
+    candidates : (R, P) bool
+    k : (R,) int
+    ascending, ascending_rank : (R, P) int
+    """
+    seen = np.cumsum(np.take_along_axis(candidates, ascending, axis=-1), axis=-1)
+    return candidates & (np.take_along_axis(seen, ascending_rank, axis=-1) <= k[:, None])
 
 
 def reduce_group(values: np.ndarray, how: str) -> np.ndarray:

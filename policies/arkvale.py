@@ -45,14 +45,18 @@ from policies._pages import (
     PageBoxes,
     bounding_box_digest,
     expand_pages,
+    lowest_among,
     n_pages,
+    page_ranks,
     page_sizes,
     page_starts,
     reduce_group,
-    top_pages,
 )
 from policies.base import Policy, PolicyContext, PrefillView, QueryView, Tier, shared, topk_mask
 from policies.registry import register
+
+#: tier of a page by residency: index False -> CPU (the mirror), True -> GPU
+_TIER_OF_RESIDENT = np.array([Tier.CPU, Tier.GPU], dtype=np.uint8)
 
 
 @register
@@ -142,6 +146,11 @@ class ArkVale(Policy):
             top = topk_mask(np.where(self._forced, -np.inf, scores), n_free)
             self._resident[layer] = self._forced | top
         self._tiers = self._tiers_from_pages(self._resident)
+        #: per layer, the GPU-resident positions (H_kv, T_a); replaced, never mutated, so a
+        #: mask handed out by ``select`` stays valid
+        self._on_gpu = [self._read_only(expand_pages(r, t_a, self.page_size))
+                        for r in self._resident]
+        self._forced_key = self._forced.tobytes()
         sizes = page_sizes(t_a, self.page_size)
         free_sizes = np.sort(sizes[~self._forced])[::-1]
         per_head = int(sizes[self._forced].sum() + free_sizes[:n_free].sum())
@@ -188,7 +197,10 @@ class ArkVale(Policy):
 
         # the bound does not depend on the budget: computed once per step and layer for all
         # ArkVale runs with the same page geometry and reduction
-        return shared(view, ("arkvale", self.page_size, self.group_reduce, self.share_heads), compute)
+        return shared(view, self._geometry(), compute)
+
+    def _geometry(self) -> tuple:
+        return ("arkvale", self.page_size, self.group_reduce, self.share_heads)
 
     def _combine(self, per_q: np.ndarray) -> np.ndarray:
         """(H_kv, g, P) per-q-head page scores -> (H_kv, P), shared by the layer if asked."""
@@ -199,21 +211,51 @@ class ArkVale(Policy):
         return reduce_group(per_q, self.group_reduce)
 
     def select(self, view: QueryView) -> np.ndarray | None:
+        """Recall the top-k pages of this query; evict the lowest-scored others to make room.
+
+        The orderings of the page scores that this needs do not depend on the budget, so they
+        are computed once per step and layer for every ArkVale run (:func:`shared`): the top-k
+        of a run is then one comparison of shared ranks, and its eviction a cumulative count
+        along the shared ascending order (:func:`lowest_among`). Both equal the direct
+        ``top_pages`` / ``topk_mask`` selections (``tests/test_policy_arkvale.py`` compares
+        them with a straightforward reference).
+        """
         layer = view.layer
-        scores = self.page_scores(view)
+        geometry = self._geometry()
+
+        def must_ranks() -> np.ndarray:
+            # rank among the pages that are not forced; forced pages rank last (-inf), and
+            # topk <= the number of free pages, so ``rank < topk`` never picks a forced page
+            return page_ranks(np.where(self._forced, -np.inf, self.page_scores(view)))
+
+        def ascending() -> tuple[np.ndarray, np.ndarray]:
+            order = np.argsort(self.page_scores(view), axis=-1, kind="stable")
+            rank = np.empty_like(order)
+            np.put_along_axis(rank, order, np.arange(order.shape[-1])[None], axis=-1)
+            return order, rank
+
+        ranks = shared(view, (*geometry, "must", self._forced_key), must_ranks)
+        must = (ranks < self.topk) | self._forced
         resident = self._resident[layer]
-        must = self._forced | top_pages(np.where(self._forced, -np.inf, scores), self.topk)
         missing = must & ~resident
-        new = resident
         if missing.any():
             # the lowest-scored resident pages outside the top-k make room for the recalled ones
-            evictable = resident & ~must
-            lowest = topk_mask(np.where(evictable, -scores, -np.inf), missing.sum(axis=-1))
-            new = (resident & ~(lowest & evictable)) | missing
+            order, rank = shared(view, (*geometry, "ascending"), ascending)
+            lowest = lowest_among(resident & ~must, missing.sum(axis=-1), order, rank)
+            new = (resident & ~lowest) | missing
             self._resident[layer] = new
-            self._tiers[layer] = self._tiers_from_pages(new)
-        read = must if self.sparse_read else new
-        return expand_pages(read, self._n_audio, self.page_size)
+            on_gpu = expand_pages(new, self._n_audio, self.page_size)
+            np.take(_TIER_OF_RESIDENT, on_gpu.view(np.uint8), out=self._tiers[layer])
+            self._on_gpu[layer] = self._read_only(on_gpu)
+        if self.sparse_read:
+            return expand_pages(must, self._n_audio, self.page_size)
+        return self._on_gpu[layer]
+
+    @staticmethod
+    def _read_only(mask: np.ndarray) -> np.ndarray:
+        mask = np.ascontiguousarray(mask)
+        mask.flags.writeable = False
+        return mask
 
     def current_tiers(self) -> np.ndarray | None:
         return self._tiers  # read-only for the caller (protocol); no copy per layer and step
@@ -223,4 +265,4 @@ class ArkVale(Policy):
 
     def _tiers_from_pages(self, resident: np.ndarray) -> np.ndarray:
         on_gpu = expand_pages(resident, self._n_audio, self.page_size)
-        return np.where(on_gpu, Tier.GPU, Tier.CPU).astype(np.uint8)
+        return _TIER_OF_RESIDENT[on_gpu.view(np.uint8)]

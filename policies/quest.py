@@ -27,8 +27,8 @@ from policies._pages import (
     expand_pages,
     minmax_digest,
     n_pages,
+    page_ranks,
     reduce_group,
-    top_pages,
 )
 from policies.base import Policy, PolicyContext, PrefillView, QueryView, full_tiers, shared
 from policies.registry import register
@@ -95,7 +95,17 @@ class Quest(Policy):
         return shared(view, ("quest", self.page_size, self.group_reduce), compute)
 
     def select(self, view: QueryView) -> np.ndarray | None:
+        """The top ``page_budget`` pages by criticality (ties to the earlier page), per KV-head.
+
+        The page ranks, expanded to positions, do not depend on the budget: they are computed
+        once per step and layer for every Quest run, and each budget's selection is one
+        comparison, ``rank < K`` (equal to ``top_pages``; see ``tests/test_policy_quest.py``).
+        """
         if view.layer < self.dense_layers:
             return None
-        pages = top_pages(self.page_scores(view), self.page_budget)
-        return expand_pages(pages, self._n_audio, self.page_size)
+
+        def position_ranks() -> np.ndarray:
+            return expand_pages(page_ranks(self.page_scores(view)), self._n_audio, self.page_size)
+
+        ranks = shared(view, ("quest-ranks", self.page_size, self.group_reduce), position_ranks)
+        return ranks < self.page_budget
