@@ -153,10 +153,12 @@ class _Run:
         self.step_jaccard = np.zeros(0)
         self.err_sum = 0.0
         self.err_n = 0
-        self.log: dict[str, list[Any]] = {c: [] for c in STEP_LOG_COLUMNS}  # columnar step log
+        # step log: one row per step of the per-run columns (_LOG_SCALARS) and per-layer
+        # transfer counts, filled in place; the run-independent columns are added at the end
+        self.log_scalars: np.ndarray = np.zeros((0, len(_LOG_SCALARS)), dtype=np.int64)
+        self.log_layers: np.ndarray = np.zeros((0, 2, L), dtype=np.int64)
         self.history: list[np.ndarray] | None = None
         self.seconds = 0.0
-        self.read_count = 0
         self.gpuf: np.ndarray | None = None  # (L, H_kv, T_a) float32, a slot of a shared array
         self.n_res: np.ndarray | None = None  # (L, H_kv) resident audio per KV-head
 
@@ -174,6 +176,12 @@ class _Run:
             self.n_res[...] = self.gpu.sum(-1)
         self.n_gpu = int(self.n_res.sum())
         self.n_cpu = int(np.count_nonzero(self.tiers == Tier.CPU))
+
+
+#: step-log columns that differ between runs, in the order of ``_Run.log_scalars``
+_LOG_SCALARS = ("gpu_audio_tokens", "cpu_audio_tokens", "read_audio_tokens", "h2d_tokens",
+                "h2d_bytes", "h2d_transfers", "released_tokens")
+_GPU, _CPU, _READ, _H2D, _H2D_BYTES, _TRANSFERS, _RELEASED = range(len(_LOG_SCALARS))
 
 
 def check_tiers(name: str, tiers: np.ndarray, shape: tuple[int, ...]) -> None:
@@ -267,19 +275,29 @@ class Replayer:
         ones_a = np.ones((Hkv, Ta, 1), dtype=np.float32)
         # Every run's GPU mask lives in one array so that the metrics of all runs are computed
         # by a handful of batched numpy calls per layer and step, whatever the number of runs.
+        # For a query-aware run the slot of a layer holds, during the step, what its select()
+        # read there (written before use); its tiers live in run.tiers / run.gpu.
         R = len(runs)
         masks = np.zeros((R, L, Hkv, Ta), dtype=np.float32)
         resident = np.zeros((R, L, Hkv), dtype=np.int64)
         for r, run in enumerate(runs):
             masks[r], resident[r] = run.gpuf, run.n_res
             run.gpuf, run.n_res = masks[r], resident[r]
+            run.log_scalars = np.zeros((self.n_steps, len(_LOG_SCALARS)), dtype=np.int64)
+            run.log_layers = np.zeros((self.n_steps, 2, L), dtype=np.int64)
         query_aware = [(r, run) for r, run in enumerate(runs) if run.policy.query_aware]
-        with_buffer = [(r, run) for r, run in enumerate(runs) if run.buffer is not None]
+        qa_idx = np.array([r for r, _ in query_aware], dtype=np.int64)
+        # the step-attention buffers of all runs that read them, in one array (batched fill)
+        buffered = [r for r, run in enumerate(runs) if run.buffer is not None]
+        buffers = np.zeros((len(buffered), L, Hkv, g, Ta), dtype=np.float32)
+        for b, r in enumerate(buffered):
+            runs[r].buffer = buffers[b].reshape(L, Hq, Ta)
         recall_sum = np.zeros((R, L, Hq))
         step_recall = np.zeros((R, self.n_steps))
         step_jaccard = np.zeros((R, self.n_steps))
         err_sum = np.zeros(R)
         err_n = 0
+        top_onehot = np.zeros((Hkv, g, Ta), dtype=np.float32)
         for s in range(self.n_steps):
             p = n_prefill + s
             qrow = self.trace.query_index(p)
@@ -292,26 +310,10 @@ class Replayer:
                 Pa3 = P[:, ai].reshape(Hkv, g, Ta)  # a view when the audio is contiguous
                 # same summation (mat-vec) as the kept mass below, so recall of a full mask is 1.0
                 mass_a = np.matmul(Pa3, ones_a).reshape(Hq)
-                M = masks[:, layer]  # (R, H_kv, T_a)
+                M = masks[:, layer]  # (R, H_kv, T_a), a view
                 n_res = resident[:, layer]  # (R, H_kv)
                 if query_aware:
-                    M, n_res = M.copy(), n_res.copy()
-                    qview = ArrayQueryView(s, layer, q, self.keys32[layer][:, ai], memo={})
-                    for r, run in query_aware:
-                        t0 = time.perf_counter()
-                        sel = run.policy.select(qview)
-                        run.seconds += time.perf_counter() - t0
-                        if sel is None:
-                            continue
-                        if cfg.check_invariants:
-                            cur = run.policy.current_tiers()
-                            gpu_now = (cur[layer] == Tier.GPU) if cur is not None else run.gpu[layer]
-                            if (sel & ~gpu_now).any():
-                                raise InvariantViolation(
-                                    f"{run.spec.label}: select() read audio that is not on GPU "
-                                    f"(step {s}, layer {layer})")
-                        M[r] = sel
-                        n_res[r] = sel.sum(-1)
+                    self._select(query_aware, qa_idx, s, layer, q, M, n_res)
                 read += n_res.sum(-1)
                 # kept audio mass of every run and q-head: one broadcast mat-vec
                 mass_k = np.matmul(Pa3[None], M[..., None]).reshape(R, Hq)
@@ -320,16 +322,20 @@ class Replayer:
                 recall_sum[:, layer] += recall
                 step_recall[:, s] += recall.mean(-1)
                 z = 1.0 - mass_a + mass_k  # (R, H_q) softmax normaliser of the compressed model
-                for r, run in with_buffer:
-                    buf = run.buffer[layer]
-                    np.multiply(Pa3, M[r][:, None, :], out=buf.reshape(Hkv, g, Ta))
-                    buf /= z[r][:, None]
+                if buffered:
+                    out = buffers[:, layer]  # (R_b, H_kv, g, T_a)
+                    np.multiply(Pa3, M[buffered][:, :, None, :], out=out)
+                    out /= z[buffered].reshape(len(buffered), Hkv, g, 1)
                 # top-K Jaccard: the compressed ranking is the full one restricted to the
                 # resident set, so |top_full ∩ top_comp| = resident hits of top_full
                 n_res_q = n_res[:, kv_of_q[:, 0]]  # (R, H_q)
                 if k_top < Ta:
                     top = np.argpartition(-Pa3.reshape(Hq, Ta), k_top - 1, axis=-1)[:, :k_top]
-                    hits = M[:, kv_of_q, top].sum(-1)
+                    # hits[r, h] = sum over h's top-K of M[r, kv(h)]: 0/1 sums, exact in float32
+                    top_onehot.fill(0.0)
+                    np.put_along_axis(top_onehot.reshape(Hq, Ta), top, 1.0, axis=-1)
+                    # (H_kv, g, T_a) @ (H_kv, T_a, R): one product per KV-head for all runs
+                    hits = np.matmul(top_onehot, M.transpose(1, 2, 0)).reshape(Hq, R).T
                 else:
                     hits = n_res_q
                 kc = np.minimum(k_top, n_res_q)
@@ -346,8 +352,8 @@ class Replayer:
             if want_err:
                 err_n += L
             for r, run in enumerate(runs):
-                run.read_count = int(read[r])
-                self._end_step(run, s, p)
+                run.log_scalars[s, _READ] = read[r]
+                self._end_step(run, s)
 
         for r, run in enumerate(runs):
             run.recall_sum = recall_sum[r]
@@ -356,49 +362,61 @@ class Replayer:
             run.err_sum, run.err_n = float(err_sum[r]), err_n
         return [self._finish(run, prefill_r[id(run)]) for run in runs]
 
+    def _select(self, query_aware: list[tuple[int, _Run]], qa_idx: np.ndarray, s: int,
+                layer: int, q: np.ndarray, M: np.ndarray, n_res: np.ndarray) -> None:
+        """Call every query-aware run's ``select`` for this layer; write what each reads into
+        its slot of ``M`` (R, H_kv, T_a) and ``n_res`` (R, H_kv), checking it is on GPU."""
+        qview = ArrayQueryView(s, layer, q, self.keys32[layer][:, self.audio_index], memo={})
+        tiers_now = []
+        for r, run in query_aware:
+            t0 = time.perf_counter()
+            sel = run.policy.select(qview)
+            run.seconds += time.perf_counter() - t0
+            if sel is None:  # reads every GPU-resident position of its tiers before the step
+                M[r] = run.gpu[layer]
+                tiers_now.append(run.tiers[layer])
+                continue
+            M[r] = sel
+            cur = run.policy.current_tiers()
+            tiers_now.append(run.tiers[layer] if cur is None else cur[layer])
+        n_res[qa_idx] = M[qa_idx].sum(-1)
+        if self.cfg.check_invariants:
+            off_gpu = (M[qa_idx] != 0) & (np.stack(tiers_now) != Tier.GPU)
+            if off_gpu.any():
+                r, run = query_aware[int(np.flatnonzero(off_gpu.any(axis=(1, 2)))[0])]
+                raise InvariantViolation(
+                    f"{run.spec.label}: select() read audio that is not on GPU "
+                    f"(step {s}, layer {layer})")
+
     # ------------------------------------------------------------------------- per step
-    def _end_step(self, run: _Run, s: int, p: int) -> None:
-        cfg, L = self.cfg, self.heads.n_layers
+    def _end_step(self, run: _Run, s: int) -> None:
+        cfg = self.cfg
         prev = run.tiers
         t0 = time.perf_counter()
         if run.policy.query_aware:
             new = run.policy.current_tiers()
         else:
-            view = BufferStepView(s, run.buffer)
-            new = run.policy.decode_step(view)
+            new = run.policy.decode_step(BufferStepView(s, run.buffer))
         run.seconds += time.perf_counter() - t0
-        row: dict[str, Any] = {"step": s, "context_tokens": p + 1,
-                               "non_audio_tokens": p + 1 - self.n_audio}
-        zeros = [0] * L
-        if new is None or new is prev and not run.policy.query_aware:
-            h2d_layer = zeros
-            runs_layer = zeros
-            released = 0
-        else:
+        log = run.log_scalars[s]
+        if not (new is None or new is prev and not run.policy.query_aware):
             check_tiers(run.spec.label, new, prev.shape)
             if cfg.check_invariants and ((prev == Tier.GONE) & (new != Tier.GONE)).any():
                 raise InvariantViolation(
                     f"{run.spec.label}: a GONE position came back at step {s} (GONE is absorbing)")
-            recalled = (prev == Tier.CPU) & (new == Tier.GPU)
-            h2d_layer = recalled.sum(axis=(1, 2)).tolist()
-            runs_layer = _runs_per_layer(recalled).tolist()
-            released = int(((prev == Tier.GPU) & (new != Tier.GPU)).sum())
-            run.set_tiers(new)
-            self._check_capacity(run, s)
-        h2d = int(sum(h2d_layer))
-        row.update(
-            gpu_audio_tokens=run.n_gpu,
-            cpu_audio_tokens=run.n_cpu,
-            read_audio_tokens=run.read_count,
-            h2d_tokens=h2d,
-            h2d_bytes=h2d * 2 * self.heads.head_dim * self.dtype_bytes,
-            h2d_transfers=int(sum(runs_layer)),
-            h2d_tokens_by_layer=[int(x) for x in h2d_layer],
-            h2d_transfers_by_layer=[int(x) for x in runs_layer],
-            released_tokens=released,
-        )
-        for key, value in row.items():
-            run.log[key].append(value)
+            if not np.array_equal(prev, new):
+                recalled = (prev == Tier.CPU) & (new == Tier.GPU)
+                by_layer = run.log_layers[s]
+                by_layer[0] = recalled.sum(axis=(1, 2))
+                by_layer[1] = _runs_per_layer(recalled)
+                log[_H2D] = by_layer[0].sum()
+                log[_H2D_BYTES] = log[_H2D] * 2 * self.heads.head_dim * self.dtype_bytes
+                log[_TRANSFERS] = by_layer[1].sum()
+                log[_RELEASED] = np.count_nonzero((prev == Tier.GPU) & (new != Tier.GPU))
+                run.set_tiers(new)
+                self._check_capacity(run, s)
+        log[_GPU] = run.n_gpu
+        log[_CPU] = run.n_cpu
         if run.history is not None:
             run.history.append(run.tiers.copy())
 
@@ -413,14 +431,17 @@ class Replayer:
     def _finish(self, run: _Run, prefill_r: float) -> RunResult:
         ctx, L, Hq = self.ctx, self.heads.n_layers, self.heads.n_q_heads
         n = max(self.n_steps, 1)
-        cols: dict[str, Any] = {}
-        for name, dtype in STEP_LOG_COLUMNS.items():
-            if isinstance(dtype, pl.List):  # per-layer lists: via one 2-D array, not row by row
-                arr = np.array(run.log[name], dtype=np.int64).reshape(len(run.log[name]), L)
-                cols[name] = pl.Series(name, arr).cast(dtype)
-            else:
-                cols[name] = pl.Series(name, run.log[name], dtype=dtype)
-        log = pl.DataFrame(cols)
+        context = self.trace.meta.n_prefill + np.arange(self.n_steps, dtype=np.int64) + 1
+        arrays: dict[str, np.ndarray] = {
+            "step": np.arange(self.n_steps, dtype=np.int64),
+            "context_tokens": context,
+            "non_audio_tokens": context - self.n_audio,
+            "h2d_tokens_by_layer": run.log_layers[:, 0],
+            "h2d_transfers_by_layer": run.log_layers[:, 1],
+        }
+        arrays.update({name: run.log_scalars[:, i] for i, name in enumerate(_LOG_SCALARS)})
+        log = pl.DataFrame([pl.Series(name, np.ascontiguousarray(arrays[name])).cast(dtype)
+                            for name, dtype in STEP_LOG_COLUMNS.items()])
         gpu, cpu, read = retention_per_step(log, ctx.audio_kv_total, prefill_r)
         saves = run.policy.saves_capacity
         summary = {
