@@ -156,12 +156,8 @@ def page_ranks(scores: np.ndarray) -> np.ndarray:
     at once: the replay engine computes the ranks once per step and layer and each budget of a
     page policy reads its own top-k from them (one comparison).
     """
-    scores = np.asarray(scores)
-    n = scores.shape[-1]
-    order = np.argsort(-scores, axis=-1, kind="stable")
-    ranks = np.empty(scores.shape, dtype=np.int64)
-    np.put_along_axis(ranks, order, np.arange(n)[(None,) * (scores.ndim - 1)], axis=-1)
-    return ranks
+    order = np.argsort(-np.asarray(scores), axis=-1, kind="stable")
+    return np.argsort(order, axis=-1)  # the inverse permutation: the rank of every entry
 
 
 def top_pages(scores: np.ndarray, k: int) -> np.ndarray:

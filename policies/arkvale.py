@@ -230,9 +230,7 @@ class ArkVale(Policy):
 
         def ascending() -> tuple[np.ndarray, np.ndarray]:
             order = np.argsort(self.page_scores(view), axis=-1, kind="stable")
-            rank = np.empty_like(order)
-            np.put_along_axis(rank, order, np.arange(order.shape[-1])[None], axis=-1)
-            return order, rank
+            return order, np.argsort(order, axis=-1)  # the order and its inverse
 
         ranks = shared(view, (*geometry, "must", self._forced_key), must_ranks)
         must = (ranks < self.topk) | self._forced

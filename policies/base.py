@@ -210,6 +210,17 @@ class BufferStepView:
         return self.buffer[layer]
 
 
+def all_audio_attention(view: StepView, n_layers: int) -> np.ndarray:
+    """Every layer's :meth:`StepView.audio_attention` as one (L, H_q, T_a) array (read-only use).
+
+    The driver's :class:`BufferStepView` already holds them in one buffer, returned as is; any
+    other view is stacked layer by layer.
+    """
+    if isinstance(view, BufferStepView) and view.buffer is not None:
+        return view.buffer
+    return np.stack([view.audio_attention(layer) for layer in range(n_layers)])
+
+
 @dataclass
 class ArrayQueryView:
     """A :class:`QueryView` over one layer's query and audio keys. ``memo`` (optional) is

@@ -119,6 +119,8 @@ class WindowPrefillView:
         self._window = window
         self._audio = audio
         self._cache: dict[int, np.ndarray] = {}
+        #: results shared by every policy prefilled on this view (see ``policies.base.shared``)
+        self.memo: dict = {}
 
     @property
     def n_window(self) -> int:
@@ -287,6 +289,7 @@ class Replayer:
             run.log_layers = np.zeros((self.n_steps, 2, L), dtype=np.int64)
         query_aware = [(r, run) for r, run in enumerate(runs) if run.policy.query_aware]
         qa_idx = np.array([r for r, _ in query_aware], dtype=np.int64)
+        self._qa_tiers = np.zeros((len(query_aware), Hkv, Ta), dtype=np.uint8)
         # the step-attention buffers of all runs that read them, in one array (batched fill)
         buffered = [r for r, run in enumerate(runs) if run.buffer is not None]
         buffers = np.zeros((len(buffered), L, Hkv, g, Ta), dtype=np.float32)
@@ -298,6 +301,7 @@ class Replayer:
         err_sum = np.zeros(R)
         err_n = 0
         top_onehot = np.zeros((Hkv, g, Ta), dtype=np.float32)
+        q_rows = np.arange(Hq)[:, None]
         for s in range(self.n_steps):
             p = n_prefill + s
             qrow = self.trace.query_index(p)
@@ -333,7 +337,7 @@ class Replayer:
                     top = np.argpartition(-Pa3.reshape(Hq, Ta), k_top - 1, axis=-1)[:, :k_top]
                     # hits[r, h] = sum over h's top-K of M[r, kv(h)]: 0/1 sums, exact in float32
                     top_onehot.fill(0.0)
-                    np.put_along_axis(top_onehot.reshape(Hq, Ta), top, 1.0, axis=-1)
+                    top_onehot.reshape(Hq, Ta)[q_rows, top] = 1.0
                     # (H_kv, g, T_a) @ (H_kv, T_a, R): one product per KV-head for all runs
                     hits = np.matmul(top_onehot, M.transpose(1, 2, 0)).reshape(Hq, R).T
                 else:
@@ -367,21 +371,21 @@ class Replayer:
         """Call every query-aware run's ``select`` for this layer; write what each reads into
         its slot of ``M`` (R, H_kv, T_a) and ``n_res`` (R, H_kv), checking it is on GPU."""
         qview = ArrayQueryView(s, layer, q, self.keys32[layer][:, self.audio_index], memo={})
-        tiers_now = []
-        for r, run in query_aware:
+        tiers_now = self._qa_tiers  # (R_qa, H_kv, T_a): each run's tiers of this layer now
+        for i, (r, run) in enumerate(query_aware):
             t0 = time.perf_counter()
             sel = run.policy.select(qview)
             run.seconds += time.perf_counter() - t0
             if sel is None:  # reads every GPU-resident position of its tiers before the step
                 M[r] = run.gpu[layer]
-                tiers_now.append(run.tiers[layer])
+                tiers_now[i] = run.tiers[layer]
                 continue
             M[r] = sel
             cur = run.policy.current_tiers()
-            tiers_now.append(run.tiers[layer] if cur is None else cur[layer])
+            tiers_now[i] = run.tiers[layer] if cur is None else cur[layer]
         n_res[qa_idx] = M[qa_idx].sum(-1)
         if self.cfg.check_invariants:
-            off_gpu = (M[qa_idx] != 0) & (np.stack(tiers_now) != Tier.GPU)
+            off_gpu = (M[qa_idx] != 0) & (tiers_now != Tier.GPU)
             if off_gpu.any():
                 r, run = query_aware[int(np.flatnonzero(off_gpu.any(axis=(1, 2)))[0])]
                 raise InvariantViolation(
