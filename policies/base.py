@@ -297,6 +297,11 @@ class Policy(abc.ABC):
         to read every GPU-resident position. May update the policy's own tiers of that layer."""
         return None
 
+    def step_attention_layers(self) -> list[int] | None:
+        """Layers whose ``StepView.audio_attention`` ``decode_step`` reads (asked once, after
+        ``prefill``), or None for every layer. A driver may skip computing the others."""
+        return None
+
     def gpu_capacity(self) -> int | None:
         """Upper bound on GPU-resident audio KV tokens at every step, or None for no bound
         beyond L*H_kv*T_a. The engine asserts it at every step."""

@@ -289,12 +289,25 @@ class Replayer:
             run.log_layers = np.zeros((self.n_steps, 2, L), dtype=np.int64)
         query_aware = [(r, run) for r, run in enumerate(runs) if run.policy.query_aware]
         qa_idx = np.array([r for r, _ in query_aware], dtype=np.int64)
-        self._qa_tiers = np.zeros((len(query_aware), Hkv, Ta), dtype=np.uint8)
-        # the step-attention buffers of all runs that read them, in one array (batched fill)
+        # the step-attention buffers of all runs that read them, in one array (batched fill);
+        # a layer is filled only for the runs that read it (step_attention_layers), the others
+        # hold NaN so that reading one shows
         buffered = [r for r, run in enumerate(runs) if run.buffer is not None]
         buffers = np.zeros((len(buffered), L, Hkv, g, Ta), dtype=np.float32)
+        readers: list[list[int]] = [[] for _ in range(L)]  # per layer: buffers filled there
         for b, r in enumerate(buffered):
             runs[r].buffer = buffers[b].reshape(L, Hq, Ta)
+            layers = runs[r].policy.step_attention_layers()
+            for layer in range(L) if layers is None else sorted(set(layers)):
+                readers[layer].append(b)
+        fill: list[tuple[list[int], list[int] | slice]] = []  # per layer: runs, buffer rows
+        for layer in range(L):
+            rows = readers[layer]
+            buffers[[b for b in range(len(buffered)) if b not in rows], layer] = np.nan
+            fill.append(([buffered[b] for b in rows],
+                         slice(None) if len(rows) == len(buffered) else rows))
+        # query-aware runs: per step, the layers whose select() returned a mask (checked)
+        checked = np.zeros((R, L), dtype=bool)
         recall_sum = np.zeros((R, L, Hq))
         step_recall = np.zeros((R, self.n_steps))
         step_jaccard = np.zeros((R, self.n_steps))
@@ -317,7 +330,7 @@ class Replayer:
                 M = masks[:, layer]  # (R, H_kv, T_a), a view
                 n_res = resident[:, layer]  # (R, H_kv)
                 if query_aware:
-                    self._select(query_aware, qa_idx, s, layer, q, M, n_res)
+                    self._select(query_aware, qa_idx, s, layer, q, M, n_res, checked)
                 read += n_res.sum(-1)
                 # kept audio mass of every run and q-head: one broadcast mat-vec
                 mass_k = np.matmul(Pa3[None], M[..., None]).reshape(R, Hq)
@@ -326,10 +339,11 @@ class Replayer:
                 recall_sum[:, layer] += recall
                 step_recall[:, s] += recall.mean(-1)
                 z = 1.0 - mass_a + mass_k  # (R, H_q) softmax normaliser of the compressed model
-                if buffered:
-                    out = buffers[:, layer]  # (R_b, H_kv, g, T_a)
-                    np.multiply(Pa3, M[buffered][:, :, None, :], out=out)
-                    out /= z[buffered].reshape(len(buffered), Hkv, g, 1)
+                fill_runs, fill_rows = fill[layer]
+                if fill_runs:
+                    kept = np.multiply(Pa3, M[fill_runs][:, :, None, :])  # (n, H_kv, g, T_a)
+                    kept /= z[fill_runs].reshape(len(fill_runs), Hkv, g, 1)
+                    buffers[fill_rows, layer] = kept
                 # top-K Jaccard: the compressed ranking is the full one restricted to the
                 # resident set, so |top_full ∩ top_comp| = resident hits of top_full
                 n_res_q = n_res[:, kv_of_q[:, 0]]  # (R, H_q)
@@ -355,6 +369,8 @@ class Replayer:
                     err_sum += (np.linalg.norm(out_c - out_full, axis=-1) / norm_full).mean(-1)
             if want_err:
                 err_n += L
+            if query_aware and cfg.check_invariants:
+                self._check_reads(query_aware, masks, checked, s)
             for r, run in enumerate(runs):
                 run.log_scalars[s, _READ] = read[r]
                 self._end_step(run, s)
@@ -367,30 +383,36 @@ class Replayer:
         return [self._finish(run, prefill_r[id(run)]) for run in runs]
 
     def _select(self, query_aware: list[tuple[int, _Run]], qa_idx: np.ndarray, s: int,
-                layer: int, q: np.ndarray, M: np.ndarray, n_res: np.ndarray) -> None:
+                layer: int, q: np.ndarray, M: np.ndarray, n_res: np.ndarray,
+                checked: np.ndarray) -> None:
         """Call every query-aware run's ``select`` for this layer; write what each reads into
-        its slot of ``M`` (R, H_kv, T_a) and ``n_res`` (R, H_kv), checking it is on GPU."""
+        its slot of ``M`` (R, H_kv, T_a) and ``n_res`` (R, H_kv)."""
         qview = ArrayQueryView(s, layer, q, self.keys32[layer][:, self.audio_index], memo={})
-        tiers_now = self._qa_tiers  # (R_qa, H_kv, T_a): each run's tiers of this layer now
-        for i, (r, run) in enumerate(query_aware):
+        for r, run in query_aware:
             t0 = time.perf_counter()
             sel = run.policy.select(qview)
             run.seconds += time.perf_counter() - t0
-            if sel is None:  # reads every GPU-resident position of its tiers before the step
-                M[r] = run.gpu[layer]
-                tiers_now[i] = run.tiers[layer]
-                continue
-            M[r] = sel
-            cur = run.policy.current_tiers()
-            tiers_now[i] = run.tiers[layer] if cur is None else cur[layer]
+            # None: it reads every GPU-resident position of its tiers before the step
+            M[r] = run.gpu[layer] if sel is None else sel
+            checked[r, layer] = sel is not None
         n_res[qa_idx] = M[qa_idx].sum(-1)
-        if self.cfg.check_invariants:
-            off_gpu = (M[qa_idx] != 0) & (tiers_now != Tier.GPU)
+
+    def _check_reads(self, query_aware: list[tuple[int, _Run]], masks: np.ndarray,
+                     checked: np.ndarray, s: int) -> None:
+        """Every position a ``select`` read at step ``s`` was on GPU at that layer.
+
+        Checked once per step against the tiers after the step: ``select`` of a layer changes
+        only that layer's tiers (protocol), so they are the tiers it left at its layer.
+        """
+        for r, run in query_aware:
+            cur = run.policy.current_tiers()
+            tiers = run.tiers if cur is None else cur
+            off_gpu = ((masks[r] != 0) & (tiers != Tier.GPU)).any(axis=-1).any(axis=-1)
+            off_gpu &= checked[r]
             if off_gpu.any():
-                r, run = query_aware[int(np.flatnonzero(off_gpu.any(axis=(1, 2)))[0])]
                 raise InvariantViolation(
                     f"{run.spec.label}: select() read audio that is not on GPU "
-                    f"(step {s}, layer {layer})")
+                    f"(step {s}, layer {int(np.flatnonzero(off_gpu)[0])})")
 
     # ------------------------------------------------------------------------- per step
     def _end_step(self, run: _Run, s: int) -> None:
