@@ -56,9 +56,6 @@ def _position_pages(n_audio: int, page_size: int) -> np.ndarray:
 
 def expand_pages(page_mask: np.ndarray, n_audio: int, page_size: int) -> np.ndarray:
     """Turn a per-page array (..., n_pages) into a per-position array (..., T_a)."""
-    if n_audio % page_size == 0:  # whole pages: a broadcast repeat, no gather
-        rep = np.broadcast_to(page_mask[..., None], (*page_mask.shape, page_size))
-        return rep.reshape(*page_mask.shape[:-1], n_audio)
     return np.take(page_mask, _position_pages(n_audio, page_size), axis=-1)
 
 
@@ -189,8 +186,9 @@ def lowest_among(candidates: np.ndarray, k: np.ndarray, ascending: np.ndarray,
     k : (R,) int
     ascending, ascending_rank : (R, P) int
     """
-    seen = np.cumsum(np.take_along_axis(candidates, ascending, axis=-1), axis=-1)
-    return candidates & (np.take_along_axis(seen, ascending_rank, axis=-1) <= k[:, None])
+    rows = np.arange(candidates.shape[0])[:, None]
+    seen = np.cumsum(candidates[rows, ascending], axis=-1)  # candidates so far, in that order
+    return candidates & (seen[rows, ascending_rank] <= k[:, None])
 
 
 def reduce_group(values: np.ndarray, how: str) -> np.ndarray:

@@ -217,30 +217,31 @@ class ArkVale(Policy):
         are computed once per step and layer for every ArkVale run (:func:`shared`): the top-k
         of a run is then one comparison of shared ranks, and its eviction a cumulative count
         along the shared ascending order (:func:`lowest_among`). Both equal the direct
-        ``top_pages`` / ``topk_mask`` selections (``tests/test_policy_arkvale.py`` compares
+        ``top_pages`` / ``topk_mask`` selections (``tests/test_policy_pages_fastpath.py`` compares
         them with a straightforward reference).
         """
         layer = view.layer
         geometry = self._geometry()
 
         def must_ranks() -> np.ndarray:
-            # rank among the pages that are not forced; forced pages rank last (-inf), and
-            # topk <= the number of free pages, so ``rank < topk`` never picks a forced page
-            return page_ranks(np.where(self._forced, -np.inf, self.page_scores(view)))
+            # rank among the pages that are not forced, forced pages -1: ``rank < topk`` is
+            # then forced | top-k of the others (topk <= the number of free pages, and the
+            # -inf given to forced pages ranks them after every free page)
+            scores = self.page_scores(view)
+            return np.where(self._forced, -1, page_ranks(np.where(self._forced, -np.inf, scores)))
 
         def ascending() -> tuple[np.ndarray, np.ndarray]:
             order = np.argsort(self.page_scores(view), axis=-1, kind="stable")
             return order, np.argsort(order, axis=-1)  # the order and its inverse
 
-        ranks = shared(view, (*geometry, "must", self._forced_key), must_ranks)
-        must = (ranks < self.topk) | self._forced
+        must = shared(view, (*geometry, "must", self._forced_key), must_ranks) < self.topk
         resident = self._resident[layer]
-        missing = must & ~resident
+        missing = must > resident  # bool: must & ~resident
         if missing.any():
             # the lowest-scored resident pages outside the top-k make room for the recalled ones
             order, rank = shared(view, (*geometry, "ascending"), ascending)
-            lowest = lowest_among(resident & ~must, missing.sum(axis=-1), order, rank)
-            new = (resident & ~lowest) | missing
+            lowest = lowest_among(resident > must, missing.sum(axis=-1), order, rank)
+            new = (resident > lowest) | missing
             self._resident[layer] = new
             on_gpu = expand_pages(new, self._n_audio, self.page_size)
             np.take(_TIER_OF_RESIDENT, on_gpu.view(np.uint8), out=self._tiers[layer])

@@ -99,7 +99,7 @@ class Quest(Policy):
 
         The page ranks, expanded to positions, do not depend on the budget: they are computed
         once per step and layer for every Quest run, and each budget's selection is one
-        comparison, ``rank < K`` (equal to ``top_pages``; see ``tests/test_policy_quest.py``).
+        comparison, ``rank < K`` (equal to ``top_pages``; ``tests/test_policy_pages_fastpath.py``).
         """
         if view.layer < self.dense_layers:
             return None
