@@ -179,6 +179,20 @@ class _Run:
         self.n_gpu = int(self.n_res.sum())
         self.n_cpu = int(np.count_nonzero(self.tiers == Tier.CPU))
 
+    def update_tiers(self, changed: np.ndarray, before: np.ndarray, after: np.ndarray) -> None:
+        """:meth:`set_tiers` for new tiers that differ from the current ones only at the flat
+        indices ``changed`` (``before`` -> ``after``): the derived arrays are patched there."""
+        np.put(self.tiers, changed, after)  # in place, whatever the memory layout
+        on_gpu = after == Tier.GPU
+        np.put(self.gpu, changed, on_gpu)
+        np.put(self.gpuf, changed, on_gpu)
+        delta = on_gpu.astype(np.int64) - (before == Tier.GPU)
+        row = changed // self.tiers.shape[-1]  # (layer, KV-head) of every change
+        per_row = np.bincount(row, weights=delta, minlength=self.n_res.size)
+        self.n_res += per_row.astype(np.int64).reshape(self.n_res.shape)
+        self.n_gpu += int(delta.sum())
+        self.n_cpu += int(np.count_nonzero(after == Tier.CPU) - np.count_nonzero(before == Tier.CPU))
+
 
 #: step-log columns that differ between runs, in the order of ``_Run.log_scalars``
 _LOG_SCALARS = ("gpu_audio_tokens", "cpu_audio_tokens", "read_audio_tokens", "h2d_tokens",
@@ -195,12 +209,6 @@ def check_tiers(name: str, tiers: np.ndarray, shape: tuple[int, ...]) -> None:
         raise InvariantViolation(f"{name}: tiers dtype must be uint8, got {tiers.dtype}")
     if tiers.size and tiers.max() > Tier.GPU:
         raise InvariantViolation(f"{name}: tier values must be GONE/CPU/GPU (0/1/2)")
-
-
-def _runs_per_layer(mask: np.ndarray) -> np.ndarray:
-    """Number of contiguous True runs along the last axis, summed per layer (axis 0)."""
-    starts = mask[..., 1:] & ~mask[..., :-1]
-    return starts.sum(axis=(1, 2)) + mask[..., 0].sum(axis=1)
 
 
 class Replayer:
@@ -406,6 +414,8 @@ class Replayer:
         """
         for r, run in query_aware:
             cur = run.policy.current_tiers()
+            if cur is None and run.n_gpu == run.tiers.size:
+                continue  # every position on GPU (Quest): nothing can be read off GPU
             tiers = run.tiers if cur is None else cur
             off_gpu = ((masks[r] != 0) & (tiers != Tier.GPU)).any(axis=-1).any(axis=-1)
             off_gpu &= checked[r]
@@ -427,24 +437,44 @@ class Replayer:
         log = run.log_scalars[s]
         if not (new is None or new is prev and not run.policy.query_aware):
             check_tiers(run.spec.label, new, prev.shape)
-            if cfg.check_invariants and ((prev == Tier.GONE) & (new != Tier.GONE)).any():
-                raise InvariantViolation(
-                    f"{run.spec.label}: a GONE position came back at step {s} (GONE is absorbing)")
-            if not np.array_equal(prev, new):
-                recalled = (prev == Tier.CPU) & (new == Tier.GPU)
-                by_layer = run.log_layers[s]
-                by_layer[0] = recalled.sum(axis=(1, 2))
-                by_layer[1] = _runs_per_layer(recalled)
-                log[_H2D] = by_layer[0].sum()
-                log[_H2D_BYTES] = log[_H2D] * 2 * self.heads.head_dim * self.dtype_bytes
-                log[_TRANSFERS] = by_layer[1].sum()
-                log[_RELEASED] = np.count_nonzero((prev == Tier.GPU) & (new != Tier.GPU))
-                run.set_tiers(new)
+            # only the positions that changed tier matter: the rest cannot break an invariant,
+            # move, or change a count
+            changed = np.flatnonzero(prev != new)
+            if changed.size:
+                before, after = prev.ravel()[changed], new.ravel()[changed]
+                if cfg.check_invariants and ((before == Tier.GONE) & (after != Tier.GONE)).any():
+                    raise InvariantViolation(
+                        f"{run.spec.label}: a GONE position came back at step {s} "
+                        "(GONE is absorbing)")
+                self._count_transfers(run, s, changed, before, after)
+                run.update_tiers(changed, before, after)
                 self._check_capacity(run, s)
         log[_GPU] = run.n_gpu
         log[_CPU] = run.n_cpu
         if run.history is not None:
             run.history.append(run.tiers.copy())
+
+    def _count_transfers(self, run: _Run, s: int, changed: np.ndarray, before: np.ndarray,
+                         after: np.ndarray) -> None:
+        """Step-log transfer columns from the positions (flat indices, ascending) that changed
+        tier: CPU→GPU recalls per layer, their contiguous runs along the audio of each
+        (layer, KV-head) row, and the positions leaving GPU."""
+        n_audio, L = self.n_audio, self.heads.n_layers
+        per_layer = self.heads.n_kv_heads * n_audio
+        recalled = changed[(before == Tier.CPU) & (after == Tier.GPU)]
+        layer_of = recalled // per_layer
+        # a recalled position starts a run at the start of its row or after a gap
+        starts = np.ones(recalled.size, dtype=bool)
+        starts[1:] = np.diff(recalled) != 1
+        starts |= recalled % n_audio == 0
+        by_layer = run.log_layers[s]
+        by_layer[0] = np.bincount(layer_of, minlength=L)
+        by_layer[1] = np.bincount(layer_of[starts], minlength=L)
+        log = run.log_scalars[s]
+        log[_H2D] = recalled.size
+        log[_H2D_BYTES] = recalled.size * 2 * self.heads.head_dim * self.dtype_bytes
+        log[_TRANSFERS] = np.count_nonzero(starts)
+        log[_RELEASED] = np.count_nonzero((before == Tier.GPU) & (after != Tier.GPU))
 
     def _check_capacity(self, run: _Run, s: int) -> None:
         cap = run.policy.gpu_capacity()
