@@ -157,6 +157,27 @@ def page_ranks(scores: np.ndarray) -> np.ndarray:
     return np.argsort(order, axis=-1)  # the inverse permutation: the rank of every entry
 
 
+class LayerPageBoxes:
+    """The :class:`PageBoxes` of every layer stacked, for the bounds of one step's queries of
+    all layers in one batched product (the same per-(layer, KV-head) products as
+    :meth:`PageBoxes.upper_bound`, so the same float32 results)."""
+
+    def __init__(self, boxes: list[PageBoxes]) -> None:
+        self.n_kv_heads, self.n_pages, self.head_dim = (
+            boxes[0].n_kv_heads, boxes[0].n_pages, boxes[0].head_dim)
+        self._mid_t = np.stack([b._mid_t for b in boxes])  # (L, H_kv, D, P)
+        self._half_t = np.stack([b._half_t for b in boxes])
+
+    def upper_bound(self, queries: np.ndarray) -> np.ndarray:
+        """(L, H_kv, g, n_pages) bound for the (L, H_q, D) queries (float32 arithmetic)."""
+        n_layers = self._mid_t.shape[0]
+        if queries.shape[0] != n_layers or queries.ndim != 3:
+            raise ValueError(f"queries {queries.shape} do not match {n_layers} layers of digests")
+        q = np.asarray(queries, dtype=np.float32).reshape(
+            n_layers, self.n_kv_heads, -1, self.head_dim)
+        return np.matmul(q, self._mid_t) + np.matmul(np.abs(q), self._half_t)
+
+
 def top_pages(scores: np.ndarray, k: int) -> np.ndarray:
     """Boolean mask of the ``k`` highest scores along the last axis (same ``k`` for all rows).
 
@@ -192,13 +213,13 @@ def lowest_among(candidates: np.ndarray, k: np.ndarray, ascending: np.ndarray,
 
 
 def reduce_group(values: np.ndarray, how: str) -> np.ndarray:
-    """Aggregate a (H_kv, g, P) per-q-head array over the GQA group axis -> (H_kv, P)."""
+    """Aggregate a (..., H_kv, g, P) per-q-head array over the GQA group axis -> (..., H_kv, P)."""
     if how == "max":
-        return values.max(axis=1)
+        return values.max(axis=-2)
     if how == "mean":
-        return values.mean(axis=1)
+        return values.mean(axis=-2)
     if how == "sum":
-        return values.sum(axis=1)
+        return values.sum(axis=-2)
     raise ValueError(f"group_reduce must be 'max', 'mean' or 'sum', got {how!r}")
 
 

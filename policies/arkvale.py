@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies._pages import (
+    LayerPageBoxes,
     PageBoxes,
     bounding_box_digest,
     expand_pages,
@@ -52,7 +53,16 @@ from policies._pages import (
     page_starts,
     reduce_group,
 )
-from policies.base import Policy, PolicyContext, PrefillView, QueryView, Tier, shared, topk_mask
+from policies.base import (
+    Policy,
+    PolicyContext,
+    PrefillView,
+    QueryView,
+    StepQueryView,
+    Tier,
+    shared,
+    topk_mask,
+)
 from policies.registry import register
 
 #: tier of a page by residency: index False -> CPU (the mirror), True -> GPU
@@ -96,6 +106,7 @@ class ArkVale(Policy):
     )
     recallable = True
     query_aware = True
+    selects_all_layers = True
 
     page_size: int = 32
     n_sink_pages: int = 1
@@ -156,6 +167,7 @@ class ArkVale(Policy):
         per_head = int(sizes[self._forced].sum() + free_sizes[:n_free].sum())
         self._capacity = per_head * h.n_heads_total
         self._digests: dict[int, PageBoxes] = {}
+        self._stacked: LayerPageBoxes | None = None  # every layer's digests, for select_layers
         return self._tiers.copy()
 
     def _page_plan(self, t_a: int) -> tuple[int, np.ndarray]:
@@ -203,11 +215,12 @@ class ArkVale(Policy):
         return ("arkvale", self.page_size, self.group_reduce, self.share_heads)
 
     def _combine(self, per_q: np.ndarray) -> np.ndarray:
-        """(H_kv, g, P) per-q-head page scores -> (H_kv, P), shared by the layer if asked."""
+        """(..., H_kv, g, P) per-q-head page scores -> (..., H_kv, P), shared by the layer's
+        KV-heads if asked."""
         if self.share_heads:
-            h_kv, g, n = per_q.shape
-            layer = reduce_group(per_q.reshape(1, h_kv * g, n), self.group_reduce)
-            return np.broadcast_to(layer, (h_kv, n))
+            *lead, h_kv, g, n = per_q.shape
+            layer = reduce_group(per_q.reshape(*lead, 1, h_kv * g, n), self.group_reduce)
+            return np.broadcast_to(layer, (*lead, h_kv, n))
         return reduce_group(per_q, self.group_reduce)
 
     def select(self, view: QueryView) -> np.ndarray | None:
@@ -249,6 +262,47 @@ class ArkVale(Policy):
         if self.sparse_read:
             return expand_pages(must, self._n_audio, self.page_size)
         return self._on_gpu[layer]
+
+    def select_layers(self, view: StepQueryView) -> np.ndarray | None:
+        """:meth:`select` of every layer of the step at once (replay): a layer's recall and
+        eviction depend only on its query, keys and resident pages, so the same computation
+        runs on (L, H_kv, n_pages) arrays. Same reads and tiers as ``select`` layer by layer
+        (``tests/test_policy_pages_fastpath.py``)."""
+        geometry = self._geometry()
+
+        def scores() -> np.ndarray:  # (L, H_kv, P)
+            if self._stacked is None:
+                self._stacked = LayerPageBoxes([self.digest(layer, view.audio_keys(layer))
+                                                for layer in range(self._resident.shape[0])])
+            return self._combine(self._stacked.upper_bound(view.queries()))
+
+        def must_ranks() -> np.ndarray:  # as in select
+            s = shared(view, (*geometry, "all"), scores)
+            return np.where(self._forced, -1, page_ranks(np.where(self._forced, -np.inf, s)))
+
+        def ascending() -> tuple[np.ndarray, np.ndarray]:
+            order = np.argsort(shared(view, (*geometry, "all"), scores), axis=-1, kind="stable")
+            return order, np.argsort(order, axis=-1)
+
+        must = shared(view, (*geometry, "all-must", self._forced_key), must_ranks) < self.topk
+        resident = self._resident
+        missing = must > resident
+        if missing.any():
+            order, rank = shared(view, (*geometry, "all-ascending"), ascending)
+            n = resident.shape[-1]
+            lowest = lowest_among((resident > must).reshape(-1, n), missing.sum(axis=-1).ravel(),
+                                  order.reshape(-1, n), rank.reshape(-1, n))
+            new = (resident > lowest.reshape(resident.shape)) | missing
+            changed = np.flatnonzero(missing.any(axis=(1, 2)))
+            on_gpu = expand_pages(new[changed], self._n_audio, self.page_size)
+            self._tiers[changed] = _TIER_OF_RESIDENT[on_gpu.view(np.uint8)]
+            on_gpu.flags.writeable = False
+            for j, layer in enumerate(changed):
+                self._on_gpu[layer] = on_gpu[j]
+            self._resident = new
+        if self.sparse_read:
+            return expand_pages(must, self._n_audio, self.page_size)
+        return self._tiers == Tier.GPU
 
     @staticmethod
     def _read_only(mask: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ from policies._pages import (
     reduce_group,
     top_pages,
 )
-from policies.base import ArrayQueryView, topk_mask
+from policies.base import ArrayQueryView, ArrayStepQueryView, topk_mask
 
 
 def _reference_arkvale_select(pol, state: dict, layer: int, q: np.ndarray, keys: np.ndarray):
@@ -137,3 +137,50 @@ def test_rank_helpers_equal_topk_mask(seed: int, rows: int, n: int, quantised: b
     rank = np.argsort(order, axis=-1)
     want = topk_mask(np.where(cand, -scores, -np.inf), k) & cand
     assert np.array_equal(lowest_among(cand, k, order, rank), want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    n_audio=st.integers(20, 200),
+    page_size=st.sampled_from([4, 16, 32]),
+    group_reduce=st.sampled_from(["max", "mean", "sum"]),
+    share_heads=st.booleans(),
+    sparse_read=st.booleans(),
+    quantised=st.booleans(),
+)
+def test_select_layers_equals_select_layer_by_layer(
+    seed: int, n_audio: int, page_size: int, group_reduce: str, share_heads: bool,
+    sparse_read: bool, quantised: bool,
+) -> None:
+    """The replay fast path (all layers of a step at once, one memo per step shared by every
+    budget) gives the reads and tiers of ``select`` called layer by layer, bit for bit."""
+    rng = np.random.default_rng(seed)
+    ctx = make_ctx(n_layers=3, n_q_heads=6, n_kv_heads=2, head_dim=4, n_audio=n_audio, seed=seed)
+    prefill = random_prefill(ctx, seed=seed)
+    if quantised:
+        prefill.keys[...] = np.round(prefill.keys)
+    specs = [("arkvale", r, dict(page_size=page_size, group_reduce=group_reduce,
+                                 share_heads=share_heads, sparse_read=sparse_read))
+             for r in (0.2, 0.5, 0.9)]
+    specs += [("quest", r, dict(page_size=page_size, group_reduce=group_reduce,
+                                dense_layers=int(seed % 2))) for r in (0.2, 0.7)]
+    fast = [make(n, r, **kw) for n, r, kw in specs]
+    slow = [make(n, r, **kw) for n, r, kw in specs]
+    for pol in fast + slow:
+        pol.prefill(ctx, prefill)
+    keys = [prefill.keys[layer] for layer in range(3)]
+    for step in range(6):
+        queries = _queries(rng, (3, 6, 4), quantised)
+        view = ArrayStepQueryView(step, queries, keys, memo={})
+        got = [pol.select_layers(view) for pol in fast]
+        for layer in range(3):
+            lview = ArrayQueryView(step, layer, queries[layer], keys[layer], memo={})
+            for pol, reads in zip(slow, got, strict=True):
+                want = pol.select(lview)
+                if want is None:  # Quest's dense layers: every position (all on GPU)
+                    want = np.ones_like(reads[layer])
+                assert reads.dtype == bool and np.array_equal(reads[layer], want)
+        for a, b in zip(fast, slow, strict=True):
+            if a.current_tiers() is not None:
+                assert np.array_equal(a.current_tiers(), b.current_tiers())

@@ -27,6 +27,7 @@ from kvsim.trace.reader import Trace
 from policies import registry
 from policies.base import (
     ArrayQueryView,
+    ArrayStepQueryView,
     BufferStepView,
     HeadScores,
     MissingCalibrationError,
@@ -296,7 +297,12 @@ class Replayer:
             run.log_scalars = np.zeros((self.n_steps, len(_LOG_SCALARS)), dtype=np.int64)
             run.log_layers = np.zeros((self.n_steps, 2, L), dtype=np.int64)
         query_aware = [(r, run) for r, run in enumerate(runs) if run.policy.query_aware]
-        qa_idx = np.array([r for r, _ in query_aware], dtype=np.int64)
+        # open loop: every layer's query of a step is known before the step, so the policies
+        # that can select all layers at once do so (select_layers); the others per layer
+        all_layers = [(r, run) for r, run in query_aware if run.policy.selects_all_layers]
+        per_layer = [(r, run) for r, run in query_aware if not run.policy.selects_all_layers]
+        qa_idx = np.array([r for r, _ in per_layer], dtype=np.int64)
+        audio_keys = [k[:, self.audio_index] for k in self.keys32]
         # the step-attention buffers of all runs that read them, in one array (batched fill);
         # a layer is filled only for the runs that read it (step_attention_layers), the others
         # hold NaN so that reading one shows
@@ -329,16 +335,19 @@ class Replayer:
             want_err = self.values32 is not None and s % cfg.error_stride == 0
             na = self.non_audio[: p + 1]
             read = np.zeros(R, dtype=np.int64)
+            queries = [as_f32(self.trace.queries(layer)[:, qrow]) for layer in range(L)]
+            if all_layers:
+                self._select_all(all_layers, s, queries, audio_keys, masks, resident, checked)
             for layer in range(L):
-                q = as_f32(self.trace.queries(layer)[:, qrow])
+                q = queries[layer]
                 P = softmax_(gqa_logits(q, self.keys32[layer][:, : p + 1]))  # (H_q, p+1)
                 Pa3 = P[:, ai].reshape(Hkv, g, Ta)  # a view when the audio is contiguous
                 # same summation (mat-vec) as the kept mass below, so recall of a full mask is 1.0
                 mass_a = np.matmul(Pa3, ones_a).reshape(Hq)
                 M = masks[:, layer]  # (R, H_kv, T_a), a view
                 n_res = resident[:, layer]  # (R, H_kv)
-                if query_aware:
-                    self._select(query_aware, qa_idx, s, layer, q, M, n_res, checked)
+                if per_layer:
+                    self._select(per_layer, qa_idx, s, layer, q, M, n_res, checked)
                 read += n_res.sum(-1)
                 # kept audio mass of every run and q-head: one broadcast mat-vec
                 mass_k = np.matmul(Pa3[None], M[..., None]).reshape(R, Hq)
@@ -404,6 +413,20 @@ class Replayer:
             M[r] = run.gpu[layer] if sel is None else sel
             checked[r, layer] = sel is not None
         n_res[qa_idx] = M[qa_idx].sum(-1)
+
+    def _select_all(self, runs: list[tuple[int, _Run]], s: int, queries: list[np.ndarray],
+                    audio_keys: list[np.ndarray], masks: np.ndarray, resident: np.ndarray,
+                    checked: np.ndarray) -> None:
+        """``select_layers`` of the runs that select every layer of step ``s`` at once: what
+        each reads at every layer goes to its slots of ``masks`` and ``resident``."""
+        view = ArrayStepQueryView(s, np.stack(queries), audio_keys, memo={})
+        for r, run in runs:
+            t0 = time.perf_counter()
+            reads = run.policy.select_layers(view)
+            run.seconds += time.perf_counter() - t0
+            masks[r] = run.gpu if reads is None else reads
+            resident[r] = masks[r].sum(-1)
+            checked[r] = reads is not None
 
     def _check_reads(self, query_aware: list[tuple[int, _Run]], masks: np.ndarray,
                      checked: np.ndarray, s: int) -> None:
