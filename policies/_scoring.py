@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.ndimage import maximum_filter1d, uniform_filter1d
 
-from policies.base import PolicyContext, PrefillView, kv_group_sum, shared
+from policies.base import PolicyContext, PrefillView, descending_ranks, kv_group_sum, shared
 
 
 def window_scores(
@@ -37,6 +37,26 @@ def window_scores(
         return out
 
     return shared(view, ("window_scores", window, reduce), compute)
+
+
+def pooled_window_scores(
+    ctx: PolicyContext, view: PrefillView, window: int | None, kernel: int, kind: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """SnapKV's pooled observation-window scores (:func:`window_scores` then
+    :func:`pool_scores`), (L, H_kv, T_a), and their :func:`descending_ranks`.
+
+    Both are read-only and computed once per prefill view with a ``memo`` and parameters, for
+    every policy and budget that selects from them (``topk_mask(scores, k)`` is
+    ``topk_from_ranks(ranks, k)``).
+    """
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        scores = np.array(pool_scores(window_scores(ctx, view, window), kernel, kind))
+        ranks = descending_ranks(scores)
+        scores.flags.writeable = False
+        ranks.flags.writeable = False
+        return scores, ranks
+
+    return shared(view, ("pooled_window_scores", window, kernel, kind), compute)
 
 
 def pool_scores(scores: np.ndarray, kernel: int, kind: str = "avg") -> np.ndarray:

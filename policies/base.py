@@ -402,11 +402,22 @@ def topk_mask(scores: np.ndarray, k: np.ndarray | int) -> np.ndarray:
 
     Ties are broken towards the earlier position (stable), so results are deterministic.
     """
+    return topk_from_ranks(descending_ranks(scores), k)
+
+
+def descending_ranks(scores: np.ndarray) -> np.ndarray:
+    """Rank of every entry along the last axis by descending score, ties to the earlier
+    position (0 = highest): what :func:`topk_mask` compares with ``k``. Policies that select
+    from the same scores at several budgets share these (see :func:`shared`)."""
     scores = np.asarray(scores)
     n = scores.shape[-1]
-    k_arr = np.broadcast_to(np.asarray(k, dtype=np.int64), scores.shape[:-1])
-    k_arr = np.clip(k_arr, 0, n)
     order = np.argsort(-scores, axis=-1, kind="stable")
     ranks = np.empty_like(order)
     np.put_along_axis(ranks, order, np.arange(n)[(None,) * (scores.ndim - 1)], axis=-1)
-    return ranks < k_arr[..., None]
+    return ranks
+
+
+def topk_from_ranks(ranks: np.ndarray, k: np.ndarray | int) -> np.ndarray:
+    """:func:`topk_mask` from precomputed :func:`descending_ranks` (per row ``k`` allowed)."""
+    k_arr = np.broadcast_to(np.asarray(k, dtype=np.int64), ranks.shape[:-1])
+    return ranks < np.clip(k_arr, 0, ranks.shape[-1])[..., None]
