@@ -306,7 +306,9 @@ class Replayer:
         # the step-attention buffers of all runs that read them, in one array (batched fill);
         # a layer is filled only for the runs that read it (step_attention_layers), the others
         # hold NaN so that reading one shows
-        buffered = [r for r, run in enumerate(runs) if run.buffer is not None]
+        # (those that read every layer first, so that a layer they alone read is a slice)
+        buffered = sorted((r for r, run in enumerate(runs) if run.buffer is not None),
+                          key=lambda r: runs[r].policy.step_attention_layers() is not None)
         buffers = np.zeros((len(buffered), L, Hkv, g, Ta), dtype=np.float32)
         readers: list[list[int]] = [[] for _ in range(L)]  # per layer: buffers filled there
         for b, r in enumerate(buffered):
@@ -319,9 +321,13 @@ class Replayer:
             rows = readers[layer]
             buffers[[b for b in range(len(buffered)) if b not in rows], layer] = np.nan
             fill.append(([buffered[b] for b in rows],
-                         slice(None) if len(rows) == len(buffered) else rows))
+                         slice(0, len(rows)) if rows == list(range(len(rows))) else rows))
         # query-aware runs: per step, the layers whose select() returned a mask (checked)
         checked = np.zeros((R, L), dtype=bool)
+        read_log = np.zeros((R, self.n_steps), dtype=np.int64)
+        # runs whose tiers may change after prefill (or are recorded): _end_step every step
+        stepping = [run for run in runs if run.policy.query_aware or run.history is not None
+                    or type(run.policy).decode_step is not Policy.decode_step]
         recall_sum = np.zeros((R, L, Hq))
         step_recall = np.zeros((R, self.n_steps))
         step_jaccard = np.zeros((R, self.n_steps))
@@ -358,9 +364,12 @@ class Replayer:
                 z = 1.0 - mass_a + mass_k  # (R, H_q) softmax normaliser of the compressed model
                 fill_runs, fill_rows = fill[layer]
                 if fill_runs:
-                    kept = np.multiply(Pa3, M[fill_runs][:, :, None, :])  # (n, H_kv, g, T_a)
+                    slot = isinstance(fill_rows, slice)  # then computed in place
+                    kept = np.multiply(Pa3, M[fill_runs][:, :, None, :],  # (n, H_kv, g, T_a)
+                                       out=buffers[fill_rows, layer] if slot else None)
                     kept /= z[fill_runs].reshape(len(fill_runs), Hkv, g, 1)
-                    buffers[fill_rows, layer] = kept
+                    if not slot:
+                        buffers[fill_rows, layer] = kept
                 # top-K Jaccard: the compressed ranking is the full one restricted to the
                 # resident set, so |top_full ∩ top_comp| = resident hits of top_full
                 n_res_q = n_res[:, kv_of_q[:, 0]]  # (R, H_q)
@@ -388,11 +397,14 @@ class Replayer:
                 err_n += L
             if query_aware and cfg.check_invariants:
                 self._check_reads(query_aware, masks, checked, s)
-            for r, run in enumerate(runs):
-                run.log_scalars[s, _READ] = read[r]
+            read_log[:, s] = read
+            for run in stepping:
                 self._end_step(run, s)
 
         for r, run in enumerate(runs):
+            run.log_scalars[:, _READ] = read_log[r]
+            if run not in stepping:  # tiers never change: the prefill counts at every step
+                run.log_scalars[:, _GPU], run.log_scalars[:, _CPU] = run.n_gpu, run.n_cpu
             run.recall_sum = recall_sum[r]
             run.step_recall = step_recall[r]
             run.step_jaccard = step_jaccard[r]
