@@ -146,16 +146,18 @@ class ArkVale(Policy):
         #: top-k pages that must be resident after each step's selection
         self.topk = int(np.clip(k, min(1, n_free), n_free))
 
-        starts = page_starts(t_a, self.page_size)
-        self._resident = np.zeros((h.n_layers, h.n_kv_heads, npg), dtype=bool)
-        for layer in range(h.n_layers):
-            scores = np.zeros((h.n_kv_heads, npg))
-            if view.n_window > 0:
-                last = view.audio_attention(layer)[:, -1, :].astype(np.float64)  # (H_q, T_a)
-                per_q = np.maximum.reduceat(last, starts, axis=-1)
-                scores = self._combine(per_q.reshape(h.n_kv_heads, h.group, npg))
-            top = topk_mask(np.where(self._forced, -np.inf, scores), n_free)
-            self._resident[layer] = self._forced | top
+        def prefill_scores() -> np.ndarray:  # (L, H_kv, P), the same for every budget
+            if view.n_window == 0:
+                return np.zeros((h.n_layers, h.n_kv_heads, npg))
+            last = np.stack([view.audio_attention(layer)[:, -1, :]  # (L, H_q, T_a)
+                             for layer in range(h.n_layers)]).astype(np.float64)
+            per_q = np.maximum.reduceat(last, page_starts(t_a, self.page_size), axis=-1)
+            return self._combine(per_q.reshape(h.n_layers, h.n_kv_heads, h.group, npg))
+
+        scores = shared(view, ("arkvale-prefill", self.page_size, self.group_reduce,
+                               self.share_heads), prefill_scores)
+        top = topk_mask(np.where(self._forced, -np.inf, scores), n_free)
+        self._resident = self._forced | top  # (L, H_kv, P)
         self._tiers = self._tiers_from_pages(self._resident)
         #: per layer, the GPU-resident positions (H_kv, T_a); replaced, never mutated, so a
         #: mask handed out by ``select`` stays valid
