@@ -289,11 +289,12 @@ class Replayer:
         # For a query-aware run the slot of a layer holds, during the step, what its select()
         # read there (written before use); its tiers live in run.tiers / run.gpu.
         R = len(runs)
-        masks = np.zeros((R, L, Hkv, Ta), dtype=np.float32)
-        resident = np.zeros((R, L, Hkv), dtype=np.int64)
+        # Layer-major, so that what a layer reads of every run is one contiguous block.
+        masks = np.zeros((L, R, Hkv, Ta), dtype=np.float32)
+        resident = np.zeros((L, R, Hkv), dtype=np.int64)
         for r, run in enumerate(runs):
-            masks[r], resident[r] = run.gpuf, run.n_res
-            run.gpuf, run.n_res = masks[r], resident[r]
+            masks[:, r], resident[:, r] = run.gpuf, run.n_res
+            run.gpuf, run.n_res = masks[:, r], resident[:, r]
             run.log_scalars = np.zeros((self.n_steps, len(_LOG_SCALARS)), dtype=np.int64)
             run.log_layers = np.zeros((self.n_steps, 2, L), dtype=np.int64)
         query_aware = [(r, run) for r, run in enumerate(runs) if run.policy.query_aware]
@@ -350,8 +351,8 @@ class Replayer:
                 Pa3 = P[:, ai].reshape(Hkv, g, Ta)  # a view when the audio is contiguous
                 # same summation (mat-vec) as the kept mass below, so recall of a full mask is 1.0
                 mass_a = np.matmul(Pa3, ones_a).reshape(Hq)
-                M = masks[:, layer]  # (R, H_kv, T_a), a view
-                n_res = resident[:, layer]  # (R, H_kv)
+                M = masks[layer]  # (R, H_kv, T_a), a contiguous view
+                n_res = resident[layer]  # (R, H_kv)
                 if per_layer:
                     self._select(per_layer, qa_idx, s, layer, q, M, n_res, checked)
                 read += n_res.sum(-1)
@@ -436,8 +437,8 @@ class Replayer:
             t0 = time.perf_counter()
             reads = run.policy.select_layers(view)
             run.seconds += time.perf_counter() - t0
-            masks[r] = run.gpu if reads is None else reads
-            resident[r] = masks[r].sum(-1)
+            masks[:, r] = run.gpu if reads is None else reads
+            resident[:, r] = masks[:, r].sum(-1)
             checked[r] = reads is not None
 
     def _check_reads(self, query_aware: list[tuple[int, _Run]], masks: np.ndarray,
@@ -452,7 +453,7 @@ class Replayer:
             if cur is None and run.n_gpu == run.tiers.size:
                 continue  # every position on GPU (Quest): nothing can be read off GPU
             tiers = run.tiers if cur is None else cur
-            off_gpu = ((masks[r] != 0) & (tiers != Tier.GPU)).any(axis=-1).any(axis=-1)
+            off_gpu = ((masks[:, r] != 0) & (tiers != Tier.GPU)).any(axis=-1).any(axis=-1)
             off_gpu &= checked[r]
             if off_gpu.any():
                 raise InvariantViolation(
