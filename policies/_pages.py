@@ -146,17 +146,6 @@ class PageBoxes:
         return np.matmul(q, self._mid_t) + np.matmul(np.abs(q), self._half_t)
 
 
-def page_ranks(scores: np.ndarray) -> np.ndarray:
-    """Rank of every entry in its row by descending score (0 = highest), along the last axis.
-
-    Ties go to the earlier page, so ``page_ranks(s) < k`` is :func:`top_pages` for every ``k``
-    at once: the replay engine computes the ranks once per step and layer and each budget of a
-    page policy reads its own top-k from them (one comparison).
-    """
-    order = np.argsort(-np.asarray(scores), axis=-1, kind="stable")
-    return np.argsort(order, axis=-1)  # the inverse permutation: the rank of every entry
-
-
 class LayerPageBoxes:
     """The :class:`PageBoxes` of every layer stacked, for the bounds of one step's queries of
     all layers in one batched product (the same per-(layer, KV-head) products as
@@ -181,14 +170,20 @@ class LayerPageBoxes:
 def top_pages(scores: np.ndarray, k: int) -> np.ndarray:
     """Boolean mask of the ``k`` highest scores along the last axis (same ``k`` for all rows).
 
-    Ties are broken towards the earlier page, as in :func:`policies.base.topk_mask`.
+    Equal scores at the boundary are resolved by ``np.argpartition`` (introselect); every row
+    is partitioned on its own, so a stack of rows (all layers of a step) gives the same rows
+    as one call per row.
     """
     n = scores.shape[-1]
     if k <= 0:
         return np.zeros(scores.shape, dtype=bool)
     if k >= n:
         return np.ones(scores.shape, dtype=bool)
-    return page_ranks(scores) < k
+    flat = scores.reshape(-1, n)
+    idx = np.argpartition(-flat, k - 1, axis=-1)[:, :k]
+    out = np.zeros(flat.shape, dtype=bool)
+    out[np.arange(flat.shape[0])[:, None], idx] = True
+    return out.reshape(scores.shape)
 
 
 def lowest_among(candidates: np.ndarray, k: np.ndarray, ascending: np.ndarray,

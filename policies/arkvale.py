@@ -48,10 +48,10 @@ from policies._pages import (
     expand_pages,
     lowest_among,
     n_pages,
-    page_ranks,
     page_sizes,
     page_starts,
     reduce_group,
+    top_pages,
 )
 from policies.base import (
     Policy,
@@ -163,7 +163,6 @@ class ArkVale(Policy):
         #: mask handed out by ``select`` stays valid
         self._on_gpu = [self._read_only(expand_pages(r, t_a, self.page_size))
                         for r in self._resident]
-        self._forced_key = self._forced.tobytes()
         sizes = page_sizes(t_a, self.page_size)
         free_sizes = np.sort(sizes[~self._forced])[::-1]
         per_head = int(sizes[self._forced].sum() + free_sizes[:n_free].sum())
@@ -228,28 +227,20 @@ class ArkVale(Policy):
     def select(self, view: QueryView) -> np.ndarray | None:
         """Recall the top-k pages of this query; evict the lowest-scored others to make room.
 
-        The orderings of the page scores that this needs do not depend on the budget, so they
-        are computed once per step and layer for every ArkVale run (:func:`shared`): the top-k
-        of a run is then one comparison of shared ranks, and its eviction a cumulative count
-        along the shared ascending order (:func:`lowest_among`). Both equal the direct
-        ``top_pages`` / ``topk_mask`` selections (``tests/test_policy_pages_fastpath.py`` compares
-        them with a straightforward reference).
+        The page bounds and their ascending order do not depend on the budget: computed once
+        per step and layer for every ArkVale run (:func:`shared`); the eviction is a cumulative
+        count along that order (:func:`lowest_among`), equal to the direct ``topk_mask``
+        selection (``tests/test_policy_pages_fastpath.py`` compares both with the direct code).
         """
         layer = view.layer
         geometry = self._geometry()
-
-        def must_ranks() -> np.ndarray:
-            # rank among the pages that are not forced, forced pages -1: ``rank < topk`` is
-            # then forced | top-k of the others (topk <= the number of free pages, and the
-            # -inf given to forced pages ranks them after every free page)
-            scores = self.page_scores(view)
-            return np.where(self._forced, -1, page_ranks(np.where(self._forced, -np.inf, scores)))
+        scores = self.page_scores(view)
 
         def ascending() -> tuple[np.ndarray, np.ndarray]:
-            order = np.argsort(self.page_scores(view), axis=-1, kind="stable")
+            order = np.argsort(scores, axis=-1, kind="stable")
             return order, np.argsort(order, axis=-1)  # the order and its inverse
 
-        must = shared(view, (*geometry, "must", self._forced_key), must_ranks) < self.topk
+        must = self._forced | top_pages(np.where(self._forced, -np.inf, scores), self.topk)
         resident = self._resident[layer]
         missing = must > resident  # bool: must & ~resident
         if missing.any():
@@ -278,15 +269,12 @@ class ArkVale(Policy):
                                                 for layer in range(self._resident.shape[0])])
             return self._combine(self._stacked.upper_bound(view.queries()))
 
-        def must_ranks() -> np.ndarray:  # as in select
-            s = shared(view, (*geometry, "all"), scores)
-            return np.where(self._forced, -1, page_ranks(np.where(self._forced, -np.inf, s)))
-
         def ascending() -> tuple[np.ndarray, np.ndarray]:
             order = np.argsort(shared(view, (*geometry, "all"), scores), axis=-1, kind="stable")
             return order, np.argsort(order, axis=-1)
 
-        must = shared(view, (*geometry, "all-must", self._forced_key), must_ranks) < self.topk
+        all_scores = shared(view, (*geometry, "all"), scores)
+        must = self._forced | top_pages(np.where(self._forced, -np.inf, all_scores), self.topk)
         resident = self._resident
         missing = must > resident
         if missing.any():

@@ -28,8 +28,8 @@ from policies._pages import (
     expand_pages,
     minmax_digest,
     n_pages,
-    page_ranks,
     reduce_group,
+    top_pages,
 )
 from policies.base import (
     Policy,
@@ -107,33 +107,25 @@ class Quest(Policy):
         return shared(view, ("quest", self.page_size, self.group_reduce), compute)
 
     def select(self, view: QueryView) -> np.ndarray | None:
-        """The top ``page_budget`` pages by criticality (ties to the earlier page), per KV-head.
-
-        The page ranks, expanded to positions, do not depend on the budget: they are computed
-        once per step and layer for every Quest run, and each budget's selection is one
-        comparison, ``rank < K`` (equal to ``top_pages``; ``tests/test_policy_pages_fastpath.py``).
-        """
         if view.layer < self.dense_layers:
             return None
-
-        def position_ranks() -> np.ndarray:
-            return expand_pages(page_ranks(self.page_scores(view)), self._n_audio, self.page_size)
-
-        ranks = shared(view, ("quest-ranks", self.page_size, self.group_reduce), position_ranks)
-        return ranks < self.page_budget
+        pages = top_pages(self.page_scores(view), self.page_budget)
+        return expand_pages(pages, self._n_audio, self.page_size)
 
     def select_layers(self, view: StepQueryView) -> np.ndarray | None:
         """:meth:`select` of every layer of the step at once (replay): Quest's choice at a
-        layer depends only on that layer's query and keys. Dense layers read every position
-        (all of Quest's audio is on GPU), as ``select`` returning None does."""
-        def position_ranks() -> np.ndarray:
+        layer depends only on that layer's query and keys, so the bounds of all layers are one
+        batched product and the top-K one partition of their rows. The bounds do not depend on
+        the budget: computed once per step for every Quest run. Dense layers read every
+        position (all of Quest's audio is on GPU), as ``select`` returning None does."""
+        def scores() -> np.ndarray:  # (L, H_kv, P)
             if self._stacked is None:
                 self._stacked = LayerPageBoxes(
                     [self.digest(layer, view.audio_keys(layer)) for layer in range(self._n_layers)])
-            scores = reduce_group(self._stacked.upper_bound(view.queries()), self.group_reduce)
-            return expand_pages(page_ranks(scores), self._n_audio, self.page_size)
+            return reduce_group(self._stacked.upper_bound(view.queries()), self.group_reduce)
 
-        ranks = shared(view, ("quest-ranks-all", self.page_size, self.group_reduce), position_ranks)
-        reads = ranks < self.page_budget
+        key = ("quest-all", self.page_size, self.group_reduce)
+        reads = expand_pages(top_pages(shared(view, key, scores), self.page_budget),
+                             self._n_audio, self.page_size)
         reads[: self.dense_layers] = True
         return reads

@@ -1,10 +1,11 @@
-"""Quest and ArkVale's shared-rank fast paths against straightforward reference selections.
+"""Quest and ArkVale's fast paths against the straightforward per-run, per-layer selection.
 
-The fast paths compute the page orderings once per step and layer for every run (``shared``)
-and derive each budget's selection from them. Here several budgets share one memo per step
-and layer, exactly as in the replay engine, and every ``select`` result and tier array must
-equal, bit for bit, the direct per-run computation below (``topk_mask`` on the page bounds,
-ties to the earlier page), on random inputs and on quantised keys where bounds tie often.
+The fast paths share what does not depend on the budget (page bounds, their ascending order)
+through a memo per step and layer, evict with a cumulative count along the shared order, and
+in replay select every layer of a step at once. Here several budgets share one memo, exactly
+as in the replay engine, and every ``select`` result and tier array must equal, bit for bit,
+the direct computation below (the policies' code before the fast paths), on random inputs and
+on quantised keys where bounds tie often.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from policies._pages import (
     expand_pages,
     lowest_among,
     minmax_digest,
-    page_ranks,
     reduce_group,
     top_pages,
 )
@@ -32,7 +32,7 @@ def _reference_arkvale_select(pol, state: dict, layer: int, q: np.ndarray, keys:
     """ArkVale's select written directly (the pre-fast-path code, stable top-k)."""
     per_q = PageBoxes(*bounding_box_digest(keys, pol.page_size)).upper_bound(q)
     scores = pol._combine(per_q)
-    must = pol._forced | topk_mask(np.where(pol._forced, -np.inf, scores), pol.topk)
+    must = pol._forced | top_pages(np.where(pol._forced, -np.inf, scores), pol.topk)
     resident = state["resident"][layer]
     missing = must & ~resident
     new = resident
@@ -114,7 +114,7 @@ def test_quest_fast_select_equals_reference(
         view = ArrayQueryView(step, 0, q, keys, memo={})
         scores = reduce_group(PageBoxes(*minmax_digest(keys, page_size)).upper_bound(q), group_reduce)
         for pol in pols:
-            want = expand_pages(topk_mask(scores, pol.page_budget), n_audio, page_size)
+            want = expand_pages(top_pages(scores, pol.page_budget), n_audio, page_size)
             got = pol.select(view)
             assert got.dtype == bool and np.array_equal(got, want)
 
@@ -122,15 +122,15 @@ def test_quest_fast_select_equals_reference(
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**16), rows=st.integers(1, 4), n=st.integers(1, 40),
        quantised=st.booleans())
-def test_rank_helpers_equal_topk_mask(seed: int, rows: int, n: int, quantised: bool) -> None:
+def test_page_helpers(seed: int, rows: int, n: int, quantised: bool) -> None:
     rng = np.random.default_rng(seed)
     scores = rng.normal(size=(rows, n))
     if quantised:
         scores = np.round(scores)
-    ranks = page_ranks(scores)
-    for k in range(n + 2):
-        assert np.array_equal(ranks < k, topk_mask(scores, k))
-        assert np.array_equal(top_pages(scores, k), topk_mask(scores, k))
+    for k in range(n + 2):  # a stack of rows partitions like one row at a time
+        stacked = top_pages(scores, k)
+        assert np.array_equal(stacked, np.stack([top_pages(row, k) for row in scores]))
+        assert (stacked.sum(axis=-1) == min(max(k, 0), n)).all()
     cand = rng.random((rows, n)) < 0.6
     k = rng.integers(0, cand.sum(axis=-1) + 1)
     order = np.argsort(scores, axis=-1, kind="stable")
