@@ -532,8 +532,11 @@ class Replayer:
             "h2d_transfers_by_layer": run.log_layers[:, 1],
         }
         arrays.update({name: run.log_scalars[:, i] for i, name in enumerate(_LOG_SCALARS)})
-        log = pl.DataFrame([pl.Series(name, np.ascontiguousarray(arrays[name])).cast(dtype)
-                            for name, dtype in STEP_LOG_COLUMNS.items()])
+        columns = []
+        for name, dtype in STEP_LOG_COLUMNS.items():
+            col = pl.Series(name, np.ascontiguousarray(arrays[name]))
+            columns.append(col if col.dtype == dtype else col.cast(dtype))
+        log = pl.DataFrame(columns)
         gpu, cpu, read = retention_per_step(log, ctx.audio_kv_total, prefill_r)
         saves = run.policy.saves_capacity
         summary = {
