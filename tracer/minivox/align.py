@@ -1,12 +1,19 @@
-"""Stage-1 projector alignment from word timings (cheap: no LLM forward).
+"""Stage-1 projector alignment with CTC through the decoder's own embedding table.
 
-Each audio token k covers ``[k/12.5, (k+1)/12.5)`` s. With the exact espeak word onsets we
-know which word starts inside each audio token; the projector is regressed so that the audio
-token holding a word's onset maps onto the SmolLM2 input embedding of that word's first BPE
-token (and the following audio tokens onto its next BPE tokens), while audio tokens without an
-onset map to the zero vector. This gives the frozen decoder a "sparse soft transcript" to copy
-from, so the end-to-end stage (``train.py --init-projector``) starts from a projector that
-already carries the words, instead of from noise.
+The projector (Linear(4*384 -> 576) + GELU + Linear(576 -> 576), as in Voxtral) maps each
+audio token (4 stacked Whisper frames, 80 ms) into SmolLM2's input-embedding space. Stage 1
+trains it alone, without any decoder forward, with a connectionist temporal classification
+(CTC) loss whose classifier is the *frozen* SmolLM2 embedding matrix ``E``: the score of BPE
+token ``v`` at audio token ``t`` is ``s * <proj(x_t), E_v>`` and a learned vector scores the CTC
+blank. CTC finds the alignment itself, so the projector learns to place, at the audio tokens
+where a word is heard, a vector that points at that word's BPE embedding. The frozen decoder
+then sees a "soft transcript" interleaved with blanks, which the end-to-end stage
+(``train.py --init-projector``) only has to learn to copy (a far easier task than discovering
+the alignment from the next-token loss alone, which plateaued at the text-only loss).
+
+Targets are the normalised transcript (lower case, WnW §3.5 punctuation rule): speech carries
+no case or commas; the end-to-end stage restores them. For speed the softmax runs over the BPE
+tokens that occur in the training transcripts (8k of SmolLM2's 49k) plus the blank.
 
 Usage::
 
@@ -22,48 +29,111 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import nn
 from tqdm import tqdm
 
 from .data import read_manifest
+from .wer import corpus_wer, normalise
 
 FRAMES_PER_TOKEN = 4
 TOKENS_PER_S = 12.5
+ENCODER_DIM = 384
 
 
-def word_targets(words: list[str], starts: list[float], n_tokens: int, tok) -> tuple[
-        np.ndarray, np.ndarray]:
-    """(token id or -1) per audio token: the BPE tokens of each word from its onset token on."""
-    ids = np.full(n_tokens, -1, dtype=np.int64)
-    for i, (w, s) in enumerate(zip(words, starts, strict=True)):
-        pieces = tok((" " if i else "") + w, add_special_tokens=False)["input_ids"]
-        k = int(math.floor(s * TOKENS_PER_S))
-        while k < n_tokens and ids[k] != -1:
-            k += 1
-        for p in pieces:
-            if k >= n_tokens:
-                break
-            ids[k] = p
-            k += 1
-    return ids, (ids >= 0)
+def valid_tokens(duration_s: float, n_tokens: int) -> int:
+    """Audio tokens that hold audio (the rest of the last 30 s window is zero padding)."""
+    return min(n_tokens, int(math.ceil(duration_s * TOKENS_PER_S)) + 2)
+
+
+def ctc_targets(text: str, tok) -> list[int]:
+    """SmolLM2 BPE ids of the normalised transcript."""
+    return tok(normalise(text), add_special_tokens=False)["input_ids"]
+
+
+class CTCHead(nn.Module):
+    """Scores of (blank, vocab...) from projector outputs via the frozen embedding rows."""
+
+    def __init__(self, emb_rows: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("emb", emb_rows)  # (V, 576), frozen
+        self.blank = nn.Parameter(torch.zeros(emb_rows.shape[1]))
+        self.log_scale = nn.Parameter(torch.tensor(0.0))
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        w = torch.cat([self.blank[None], self.emb.to(y.dtype)])
+        return (y @ w.T) * self.log_scale.exp()
+
+
+def greedy_decode(logits: torch.Tensor, length: int) -> list[int]:
+    """Collapse repeats, drop blanks (index 0); returns compact vocab indices (1-based)."""
+    best = logits[:length].argmax(-1).tolist()
+    out, prev = [], 0
+    for b in best:
+        if b != prev and b != 0:
+            out.append(b)
+        prev = b
+    return out
+
+
+def length_batches(items, batch_tokens: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Shuffled batches of clips of similar length, each at most ``batch_tokens`` padded tokens."""
+    lengths = np.array([x.shape[0] for x, _, _ in items])
+    order = np.argsort(lengths + rng.random(len(items)), kind="stable")  # random ties
+    batches, cur = [], []
+    for k in order:
+        if cur and (len(cur) + 1) * lengths[k] > batch_tokens:
+            batches.append(np.array(cur))
+            cur = []
+        cur.append(k)
+    if cur:
+        batches.append(np.array(cur))
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def load_split(data: Path, splits: list[str], tok, cache: Path, encode=None):
+    """(features fp16 (T, 1536), target ids, text) per clip with a cached encoder output."""
+    items = []
+    for split in splits:
+        for r in tqdm(read_manifest(data, split).to_dicts(), desc=f"load {split}", mininterval=10):
+            f = cache / f"{r['id']}.npy"
+            if f.is_file():
+                h = np.load(f)
+            elif encode is not None:
+                h = encode(r).numpy().astype(np.float16)
+            else:
+                continue
+            x = h.reshape(-1, ENCODER_DIM * FRAMES_PER_TOKEN)
+            x = x[: valid_tokens(r["duration"], x.shape[0])]
+            items.append((torch.from_numpy(np.ascontiguousarray(x)), ctc_targets(r["text"], tok),
+                          r["text"]))
+    return items
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="stage-1 projector alignment from word timings")
+    ap = argparse.ArgumentParser(description="stage-1 projector alignment (CTC via the embedding table)")
     ap.add_argument("--data", type=Path, default=Path("/work/data/minivox"))
     ap.add_argument("--out", type=Path, default=Path("/work/data/minivox/align.safetensors"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--clips-per-step", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--onset-weight", type=float, default=4.0)
-    ap.add_argument("--max-minutes", type=float, default=12.0)
+    ap.add_argument("--epochs", type=float, default=6.0)
+    ap.add_argument("--batch-tokens", type=int, default=6000,
+                    help="audio tokens per batch (clips of similar length are batched together)")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--max-minutes", type=float, default=60.0)
+    ap.add_argument("--stop-step", type=int, default=None,
+                    help="stop after this step (the lr schedule still spans --epochs)")
+    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
 
     from transformers import AutoTokenizer
+
+    from .build import build_base
+    from .train import encoder_cache
 
     base = _untrained_dir()
     tok = AutoTokenizer.from_pretrained(str(base))
@@ -71,77 +141,92 @@ def main(argv: list[str] | None = None) -> None:
         key = next(k for k in f.keys() if k.endswith("embed_tokens.weight"))  # noqa: SIM118
         emb = f.get_tensor(key).float()
 
-    rows = read_manifest(a.data, "train").to_dicts() + read_manifest(a.data, "train_long").to_dicts()
     cache = a.data / "enc_cache"
-    X, T, W = [], [], []
-    for r in tqdm(rows, desc="load", mininterval=10):
-        f = cache / f"{r['id']}.npy"
-        if not f.is_file():
-            continue
-        h = np.load(f)  # (n_chunks*1500, 384) fp16
-        x = h.reshape(-1, 384 * FRAMES_PER_TOKEN)
-        ids, on = word_targets(r["words"], r["word_start"], x.shape[0], tok)
-        X.append(x)
-        T.append(ids)
-        W.append(on)
-    X = torch.from_numpy(np.concatenate(X))
-    T = torch.from_numpy(np.concatenate(T))
-    print(f"{X.shape[0]} audio tokens, {int((T >= 0).sum())} with a word token", flush=True)
-
-    from torch import nn
+    train = load_split(a.data, ["train", "train_long"], tok, cache)
+    model, proc = build_base(seed=a.seed)  # only its encoder is used, to cache the dev clips
+    dev = load_split(a.data, ["dev"], tok, cache,
+                     encode=lambda r: encoder_cache(model, proc, r, cache))
+    model = None
+    vocab = sorted({t for _, ids, _ in train for t in ids})
+    index = {t: i + 1 for i, t in enumerate(vocab)}  # 0 = blank
+    vocab_t = torch.tensor(vocab)
+    n_tok = sum(x.shape[0] for x, _, _ in train)
+    print(f"{len(train)} clips, {n_tok} audio tokens, CTC vocab {len(vocab)} + blank", flush=True)
 
     proj = nn.Sequential(nn.Linear(1536, 576, bias=False), nn.GELU(), nn.Linear(576, 576, bias=False))
-    for m in proj:
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=0.02)
-    opt = torch.optim.AdamW(proj.parameters(), lr=a.lr, weight_decay=0.01)
-    n = X.shape[0]
-    bs = 375 * a.clips_per_step
-    steps = a.epochs * (n // bs)
+    head = CTCHead(emb[vocab_t])
+    params = list(proj.parameters()) + list(head.parameters())
+    opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.01)
+    per_epoch = len(length_batches(train, a.batch_tokens, np.random.default_rng(0)))
+    steps = int(a.epochs * per_epoch)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=steps, pct_start=0.05)
-    g = torch.Generator().manual_seed(a.seed)
+    g = np.random.default_rng(a.seed)
+
+    def run(batch):
+        T = max(x.shape[0] for x, _, _ in batch)
+        x = torch.zeros(len(batch), T, 1536)
+        for i, (xi, _, _) in enumerate(batch):
+            x[i, : xi.shape[0]] = xi.float()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = head(proj(x))
+        return logits.float()
+
+    def evaluate() -> float:
+        proj.eval()
+        hyps = []
+        with torch.no_grad():
+            for i in range(0, len(dev), 8):
+                b = dev[i : i + 8]
+                lg = run(b)
+                for j, (xi, _, _) in enumerate(b):
+                    ids = [vocab[k - 1] for k in greedy_decode(lg[j], xi.shape[0])]
+                    hyps.append(tok.decode(ids))
+        proj.train()
+        wer = corpus_wer([t for _, _, t in dev], hyps)
+        print(f"\n  dev CTC WER {wer:.4f} | {hyps[0][:150]!r}", flush=True)
+        return wer
+
+    def save(step: int, wer: float) -> None:
+        sd = {"linear_1.weight": proj[0].weight.detach().contiguous(),
+              "linear_2.weight": proj[2].weight.detach().contiguous()}
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = a.out.with_suffix(".tmp")
+        save_file(sd, str(tmp), metadata={"format": "minivox-projector-init", "method": "ctc",
+                                          "steps": str(step), "dev_ctc_wer": f"{wer:.4f}"})
+        tmp.replace(a.out)
+
     t0 = time.time()
-    step = 0
-    bar = tqdm(total=steps, desc="align", mininterval=10)
-    done = False
-    for _ep in range(a.epochs):
-        perm = torch.randperm(n, generator=g)
-        for i in range(n // bs):
-            idx = perm[i * bs : (i + 1) * bs]
-            x = X[idx].float()
-            t = T[idx]
-            on = t >= 0
-            target = torch.zeros(len(idx), 576)
-            target[on] = emb[t[on]]
-            w = torch.where(on, a.onset_weight, 1.0).unsqueeze(-1)
-            y = proj(x)
-            loss = ((y - target) ** 2 * w).mean()
-            opt.zero_grad()
+    bar = tqdm(total=steps, desc="align-ctc", mininterval=10)
+    step, ema = 0, None
+    while step < min(steps, a.stop_step or steps):
+        for idx in length_batches(train, a.batch_tokens, g):
+            batch = [train[k] for k in idx]
+            logits = run(batch)
+            logp = F.log_softmax(logits, dim=-1).transpose(0, 1)  # (T, B, V+1)
+            tgt = torch.tensor([index[t] for _, ids, _ in batch for t in ids])
+            loss = F.ctc_loss(logp, tgt, torch.tensor([x.shape[0] for x, _, _ in batch]),
+                              torch.tensor([len(ids) for _, ids, _ in batch]),
+                              blank=0, zero_infinity=True)
+            opt.zero_grad(set_to_none=True)
             loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
             step += 1
+            ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
             bar.update(1)
-            if step % 50 == 0:
-                with torch.no_grad():
-                    if on.any():
-                        yn = nn.functional.normalize(y[on], dim=-1)
-                        en = nn.functional.normalize(emb, dim=-1)
-                        acc = ((yn @ en.T).argmax(-1) == t[on]).float().mean().item()
-                    else:
-                        acc = float("nan")
-                bar.set_postfix(loss=f"{loss.item():.4f}", onset_acc=f"{acc:.3f}")
-            if (time.time() - t0) / 60 > a.max_minutes:
-                done = True
+            bar.set_postfix(ctc=f"{ema:.3f}")
+            if step % a.eval_every == 0:
+                save(step, evaluate())
+            if step >= min(steps, a.stop_step or steps) or (time.time() - t0) / 60 > a.max_minutes:
                 break
-        if done:
+        if (time.time() - t0) / 60 > a.max_minutes:
+            print(f"\nstopping at step {step}: --max-minutes reached", flush=True)
             break
     bar.close()
-    sd = {"linear_1.weight": proj[0].weight.detach().contiguous(),
-          "linear_2.weight": proj[2].weight.detach().contiguous()}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(a.out), metadata={"format": "minivox-projector-init", "steps": str(step)})
-    print(f"wrote {a.out} after {step} steps ({time.time() - t0:.0f} s)")
+    wer = evaluate()
+    save(step, wer)
+    print(f"wrote {a.out} after {step} steps ({time.time() - t0:.0f} s), dev CTC WER {wer:.4f}")
 
 
 def _untrained_dir() -> Path:

@@ -138,6 +138,29 @@ def trainable(model) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]
     return proj, lora
 
 
+def train_rows_for_init(data: Path, n: int = 16) -> list[dict]:
+    """The first ``n`` training clips (used to measure the projector's output scale)."""
+    return read_manifest(data, "train").to_dicts()[:n]
+
+
+@torch.no_grad()
+def match_embedding_norm(model, proc, rows: list[dict], cache_dir: Path) -> float:
+    """Scale the projector's last layer so its mean output norm on ``rows`` equals the mean
+    norm of the decoder's input embeddings; returns the factor.
+
+    The stage-1 CTC alignment fixes only the *direction* of the projector outputs (its logits
+    carry a learned temperature), so their norm is arbitrary; the frozen decoder expects
+    inputs of its embeddings' scale.
+    """
+    proj = model.model.multi_modal_projector
+    feats = torch.cat([encoder_cache(model, proc, r, cache_dir) for r in rows])
+    out = proj(feats.reshape(-1, model.config.audio_config.intermediate_size).float())
+    target = model.get_input_embeddings().weight.float().norm(dim=-1).mean()
+    factor = float(target / out.norm(dim=-1).mean())
+    proj.linear_2.weight.mul_(factor)
+    return factor
+
+
 def save_ckpt(path: Path, model, opt, sched, step: int, best: float, cfg: TrainConfig) -> None:
     state = {
         "projector": model.model.multi_modal_projector.state_dict(),
@@ -199,7 +222,9 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
         from safetensors.torch import load_file
 
         model.model.multi_modal_projector.load_state_dict(load_file(str(init_projector)))
-        print(f"projector initialised from {init_projector}", flush=True)
+        factor = match_embedding_norm(model, proc, train_rows_for_init(data), data / "enc_cache")
+        print(f"projector initialised from {init_projector} (output scaled x{factor:.3f} to the "
+              "decoder's mean embedding norm)", flush=True)
     last = run / "last.pt"
     if last.is_file():
         st = torch.load(last, weights_only=True)
