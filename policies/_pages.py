@@ -18,6 +18,8 @@ logit), computed here for all pages at once.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 
@@ -44,12 +46,17 @@ def page_of_position(n_audio: int, page_size: int) -> np.ndarray:
     return np.arange(n_audio, dtype=np.int64) // page_size
 
 
+@lru_cache(maxsize=64)
+def _position_pages(n_audio: int, page_size: int) -> np.ndarray:
+    """Read-only :func:`page_of_position`, computed once per geometry (hot path)."""
+    out = page_of_position(n_audio, page_size)
+    out.flags.writeable = False
+    return out
+
+
 def expand_pages(page_mask: np.ndarray, n_audio: int, page_size: int) -> np.ndarray:
     """Turn a per-page array (..., n_pages) into a per-position array (..., T_a)."""
-    if n_audio % page_size == 0:  # whole pages: a broadcast repeat, no gather
-        rep = np.broadcast_to(page_mask[..., None], (*page_mask.shape, page_size))
-        return rep.reshape(*page_mask.shape[:-1], n_audio)
-    return np.repeat(page_mask, page_sizes(n_audio, page_size), axis=-1)
+    return np.take(page_mask, _position_pages(n_audio, page_size), axis=-1)
 
 
 def minmax_digest(keys: np.ndarray, page_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -139,8 +146,34 @@ class PageBoxes:
         return np.matmul(q, self._mid_t) + np.matmul(np.abs(q), self._half_t)
 
 
+class LayerPageBoxes:
+    """The :class:`PageBoxes` of every layer stacked, for the bounds of one step's queries of
+    all layers in one batched product (the same per-(layer, KV-head) products as
+    :meth:`PageBoxes.upper_bound`, so the same float32 results)."""
+
+    def __init__(self, boxes: list[PageBoxes]) -> None:
+        self.n_kv_heads, self.n_pages, self.head_dim = (
+            boxes[0].n_kv_heads, boxes[0].n_pages, boxes[0].head_dim)
+        self._mid_t = np.stack([b._mid_t for b in boxes])  # (L, H_kv, D, P)
+        self._half_t = np.stack([b._half_t for b in boxes])
+
+    def upper_bound(self, queries: np.ndarray) -> np.ndarray:
+        """(L, H_kv, g, n_pages) bound for the (L, H_q, D) queries (float32 arithmetic)."""
+        n_layers = self._mid_t.shape[0]
+        if queries.shape[0] != n_layers or queries.ndim != 3:
+            raise ValueError(f"queries {queries.shape} do not match {n_layers} layers of digests")
+        q = np.asarray(queries, dtype=np.float32).reshape(
+            n_layers, self.n_kv_heads, -1, self.head_dim)
+        return np.matmul(q, self._mid_t) + np.matmul(np.abs(q), self._half_t)
+
+
 def top_pages(scores: np.ndarray, k: int) -> np.ndarray:
-    """Boolean mask of the ``k`` highest scores along the last axis (same ``k`` for all rows)."""
+    """Boolean mask of the ``k`` highest scores along the last axis (same ``k`` for all rows).
+
+    Equal scores at the boundary are resolved by ``np.argpartition`` (introselect); every row
+    is partitioned on its own, so a stack of rows (all layers of a step) gives the same rows
+    as one call per row.
+    """
     n = scores.shape[-1]
     if k <= 0:
         return np.zeros(scores.shape, dtype=bool)
@@ -153,14 +186,35 @@ def top_pages(scores: np.ndarray, k: int) -> np.ndarray:
     return out.reshape(scores.shape)
 
 
+def lowest_among(candidates: np.ndarray, k: np.ndarray, ascending: np.ndarray,
+                 ascending_rank: np.ndarray) -> np.ndarray:
+    """The ``k[row]`` lowest-scored candidate pages of every row, ties to the earlier page.
+
+    Equal to ``topk_mask(np.where(candidates, -scores, -inf), k) & candidates`` for
+    ``k <= candidates.sum(-1)``, given the scores' stable ascending order
+    ``ascending = argsort(scores, kind="stable")`` and its inverse ``ascending_rank`` (both
+    shared by every run at a step and layer): the candidates taken in that order, the first
+    ``k`` of each row.
+
+    Parameters
+    ----------
+    candidates : (R, P) bool
+    k : (R,) int
+    ascending, ascending_rank : (R, P) int
+    """
+    rows = np.arange(candidates.shape[0])[:, None]
+    seen = np.cumsum(candidates[rows, ascending], axis=-1)  # candidates so far, in that order
+    return candidates & (seen[rows, ascending_rank] <= k[:, None])
+
+
 def reduce_group(values: np.ndarray, how: str) -> np.ndarray:
-    """Aggregate a (H_kv, g, P) per-q-head array over the GQA group axis -> (H_kv, P)."""
+    """Aggregate a (..., H_kv, g, P) per-q-head array over the GQA group axis -> (..., H_kv, P)."""
     if how == "max":
-        return values.max(axis=1)
+        return values.max(axis=-2)
     if how == "mean":
-        return values.mean(axis=1)
+        return values.mean(axis=-2)
     if how == "sum":
-        return values.sum(axis=1)
+        return values.sum(axis=-2)
     raise ValueError(f"group_reduce must be 'max', 'mean' or 'sum', got {how!r}")
 
 

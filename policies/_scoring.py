@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.ndimage import maximum_filter1d, uniform_filter1d
 
-from policies.base import PolicyContext, PrefillView, kv_group_sum
+from policies.base import PolicyContext, PrefillView, descending_ranks, kv_group_sum, shared
 
 
 def window_scores(
@@ -16,16 +16,47 @@ def window_scores(
     Sums the full-model attention of the last ``window`` observation queries (all when None)
     over the window and the GQA group (SnapKV §3, "voting"). Shape (L, H_kv, T_a), float64.
     ``reduce='mean'`` averages over the GQA group instead of summing.
+
+    The result is read-only: a view with a ``memo`` (the replay engine's, shared by every
+    policy of a run) computes it once per ``(window, reduce)``; copy it before changing it.
     """
-    g = ctx.heads.group
-    out = np.empty((ctx.heads.n_layers, ctx.heads.n_kv_heads, ctx.n_audio), dtype=np.float64)
-    for layer in range(ctx.heads.n_layers):
-        att = view.audio_attention(layer)  # (H_q, W, T_a)
-        if window is not None and window < att.shape[1]:
-            att = att[:, -window:, :]
-        per_q = att.sum(axis=1, dtype=np.float64)  # (H_q, T_a)
-        out[layer] = kv_group_sum(per_q, g) / (g if reduce == "mean" else 1)
-    return out
+    n_window = view.n_window
+    if window is None or window > n_window:
+        window = n_window
+
+    def compute() -> np.ndarray:
+        g = ctx.heads.group
+        out = np.empty((ctx.heads.n_layers, ctx.heads.n_kv_heads, ctx.n_audio), dtype=np.float64)
+        for layer in range(ctx.heads.n_layers):
+            att = view.audio_attention(layer)  # (H_q, W, T_a)
+            if window < att.shape[1]:
+                att = att[:, -window:, :]
+            per_q = att.sum(axis=1, dtype=np.float64)  # (H_q, T_a)
+            out[layer] = kv_group_sum(per_q, g) / (g if reduce == "mean" else 1)
+        out.flags.writeable = False
+        return out
+
+    return shared(view, ("window_scores", window, reduce), compute)
+
+
+def pooled_window_scores(
+    ctx: PolicyContext, view: PrefillView, window: int | None, kernel: int, kind: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """SnapKV's pooled observation-window scores (:func:`window_scores` then
+    :func:`pool_scores`), (L, H_kv, T_a), and their :func:`descending_ranks`.
+
+    Both are read-only and computed once per prefill view with a ``memo`` and parameters, for
+    every policy and budget that selects from them (``topk_mask(scores, k)`` is
+    ``topk_from_ranks(ranks, k)``).
+    """
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        scores = np.array(pool_scores(window_scores(ctx, view, window), kernel, kind))
+        ranks = descending_ranks(scores)
+        scores.flags.writeable = False
+        ranks.flags.writeable = False
+        return scores, ranks
+
+    return shared(view, ("pooled_window_scores", window, kernel, kind), compute)
 
 
 def pool_scores(scores: np.ndarray, kernel: int, kind: str = "avg") -> np.ndarray:

@@ -26,20 +26,33 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies._allocation import allocate
-from policies._scoring import pool_scores, uniform_head_budget, window_scores
-from policies.base import Policy, PolicyContext, PrefillView, Tier, topk_mask
+from policies._scoring import pooled_window_scores, uniform_head_budget
+from policies.base import (
+    Policy,
+    PolicyContext,
+    PrefillView,
+    Tier,
+    descending_ranks,
+    shared,
+    topk_from_ranks,
+    topk_mask,
+)
 from policies.registry import register
 
 
-def adaptive_head_budgets(scores: np.ndarray, per_head: int, floor_alpha: float) -> np.ndarray:
+def adaptive_head_budgets(scores: np.ndarray, per_head: int, floor_alpha: float,
+                          layer_ranks: np.ndarray | None = None) -> np.ndarray:
     """Ada-KV per-head budgets for one layer's scores (H_kv, T_a); they sum to H_kv·per_head.
 
     ``c_i`` = entries head ``i`` holds in the layer-wide top ``H_kv · per_head`` (ties: lower
     head, then earlier position); ``b_i ≈ (1 - floor_alpha) · c_i + floor_alpha · per_head``.
+    ``layer_ranks``: the :func:`descending_ranks` of the flattened scores, if already known.
     """
     n_heads, n_pos = scores.shape
     per_head = min(per_head, n_pos)
-    won = topk_mask(scores.astype(np.float64).ravel(), n_heads * per_head).reshape(scores.shape)
+    if layer_ranks is None:
+        layer_ranks = descending_ranks(scores.astype(np.float64).ravel())
+    won = topk_from_ranks(layer_ranks, n_heads * per_head).reshape(scores.shape)
     counts = won.sum(axis=1)
     shares = (1.0 - floor_alpha) * counts + floor_alpha * per_head
     return allocate(n_heads * per_head, shares, n_pos)
@@ -81,11 +94,15 @@ class AdaKV(Policy):
             raise ValueError(f"adakv: floor_alpha must be in [0, 1], got {self.floor_alpha}")
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
-        scores = pool_scores(window_scores(ctx, view, self.window), self.kernel, self.pooling)
+        scores, ranks = pooled_window_scores(ctx, view, self.window, self.kernel, self.pooling)
+        # the layer-wide ranks do not depend on the budget either: once for every AdaKV run
+        layer_ranks = shared(view, ("adakv-layer-ranks", self.window, self.kernel, self.pooling),
+                             lambda: descending_ranks(scores.reshape(len(scores), -1)))
         per_head = uniform_head_budget(ctx, self.budget)
-        budgets = np.stack([adaptive_head_budgets(s, per_head, self.floor_alpha) for s in scores])
+        budgets = np.stack([adaptive_head_budgets(s, per_head, self.floor_alpha, r)
+                            for s, r in zip(scores, layer_ranks, strict=True)])
         self.head_budgets_ = budgets
-        keep = topk_mask(scores, budgets)
+        keep = topk_from_ranks(ranks, budgets)  # = topk_mask(scores, budgets)
         self._capacity = per_head * ctx.heads.n_heads_total
         return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
 

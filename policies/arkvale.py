@@ -42,17 +42,31 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies._pages import (
+    LayerPageBoxes,
     PageBoxes,
     bounding_box_digest,
     expand_pages,
+    lowest_among,
     n_pages,
     page_sizes,
     page_starts,
     reduce_group,
     top_pages,
 )
-from policies.base import Policy, PolicyContext, PrefillView, QueryView, Tier, shared, topk_mask
+from policies.base import (
+    Policy,
+    PolicyContext,
+    PrefillView,
+    QueryView,
+    StepQueryView,
+    Tier,
+    shared,
+    topk_mask,
+)
 from policies.registry import register
+
+#: tier of a page by residency: index False -> CPU (the mirror), True -> GPU
+_TIER_OF_RESIDENT = np.array([Tier.CPU, Tier.GPU], dtype=np.uint8)
 
 
 @register
@@ -92,6 +106,7 @@ class ArkVale(Policy):
     )
     recallable = True
     query_aware = True
+    selects_all_layers = True
 
     page_size: int = 32
     n_sink_pages: int = 1
@@ -131,22 +146,29 @@ class ArkVale(Policy):
         #: top-k pages that must be resident after each step's selection
         self.topk = int(np.clip(k, min(1, n_free), n_free))
 
-        starts = page_starts(t_a, self.page_size)
-        self._resident = np.zeros((h.n_layers, h.n_kv_heads, npg), dtype=bool)
-        for layer in range(h.n_layers):
-            scores = np.zeros((h.n_kv_heads, npg))
-            if view.n_window > 0:
-                last = view.audio_attention(layer)[:, -1, :].astype(np.float64)  # (H_q, T_a)
-                per_q = np.maximum.reduceat(last, starts, axis=-1)
-                scores = self._combine(per_q.reshape(h.n_kv_heads, h.group, npg))
-            top = topk_mask(np.where(self._forced, -np.inf, scores), n_free)
-            self._resident[layer] = self._forced | top
+        def prefill_scores() -> np.ndarray:  # (L, H_kv, P), the same for every budget
+            if view.n_window == 0:
+                return np.zeros((h.n_layers, h.n_kv_heads, npg))
+            last = np.stack([view.audio_attention(layer)[:, -1, :]  # (L, H_q, T_a)
+                             for layer in range(h.n_layers)]).astype(np.float64)
+            per_q = np.maximum.reduceat(last, page_starts(t_a, self.page_size), axis=-1)
+            return self._combine(per_q.reshape(h.n_layers, h.n_kv_heads, h.group, npg))
+
+        scores = shared(view, ("arkvale-prefill", self.page_size, self.group_reduce,
+                               self.share_heads), prefill_scores)
+        top = topk_mask(np.where(self._forced, -np.inf, scores), n_free)
+        self._resident = self._forced | top  # (L, H_kv, P)
         self._tiers = self._tiers_from_pages(self._resident)
+        #: per layer, the GPU-resident positions (H_kv, T_a); replaced, never mutated, so a
+        #: mask handed out by ``select`` stays valid
+        self._on_gpu = [self._read_only(expand_pages(r, t_a, self.page_size))
+                        for r in self._resident]
         sizes = page_sizes(t_a, self.page_size)
         free_sizes = np.sort(sizes[~self._forced])[::-1]
         per_head = int(sizes[self._forced].sum() + free_sizes[:n_free].sum())
         self._capacity = per_head * h.n_heads_total
         self._digests: dict[int, PageBoxes] = {}
+        self._stacked: LayerPageBoxes | None = None  # every layer's digests, for select_layers
         return self._tiers.copy()
 
     def _page_plan(self, t_a: int) -> tuple[int, np.ndarray]:
@@ -188,32 +210,95 @@ class ArkVale(Policy):
 
         # the bound does not depend on the budget: computed once per step and layer for all
         # ArkVale runs with the same page geometry and reduction
-        return shared(view, ("arkvale", self.page_size, self.group_reduce, self.share_heads), compute)
+        return shared(view, self._geometry(), compute)
+
+    def _geometry(self) -> tuple:
+        return ("arkvale", self.page_size, self.group_reduce, self.share_heads)
 
     def _combine(self, per_q: np.ndarray) -> np.ndarray:
-        """(H_kv, g, P) per-q-head page scores -> (H_kv, P), shared by the layer if asked."""
+        """(..., H_kv, g, P) per-q-head page scores -> (..., H_kv, P), shared by the layer's
+        KV-heads if asked."""
         if self.share_heads:
-            h_kv, g, n = per_q.shape
-            layer = reduce_group(per_q.reshape(1, h_kv * g, n), self.group_reduce)
-            return np.broadcast_to(layer, (h_kv, n))
+            *lead, h_kv, g, n = per_q.shape
+            layer = reduce_group(per_q.reshape(*lead, 1, h_kv * g, n), self.group_reduce)
+            return np.broadcast_to(layer, (*lead, h_kv, n))
         return reduce_group(per_q, self.group_reduce)
 
     def select(self, view: QueryView) -> np.ndarray | None:
+        """Recall the top-k pages of this query; evict the lowest-scored others to make room.
+
+        The page bounds and their ascending order do not depend on the budget: computed once
+        per step and layer for every ArkVale run (:func:`shared`); the eviction is a cumulative
+        count along that order (:func:`lowest_among`), equal to the direct ``topk_mask``
+        selection (``tests/test_policy_pages_fastpath.py`` compares both with the direct code).
+        """
         layer = view.layer
+        geometry = self._geometry()
         scores = self.page_scores(view)
-        resident = self._resident[layer]
+
+        def ascending() -> tuple[np.ndarray, np.ndarray]:
+            order = np.argsort(scores, axis=-1, kind="stable")
+            return order, np.argsort(order, axis=-1)  # the order and its inverse
+
         must = self._forced | top_pages(np.where(self._forced, -np.inf, scores), self.topk)
-        missing = must & ~resident
-        new = resident
+        resident = self._resident[layer]
+        missing = must > resident  # bool: must & ~resident
         if missing.any():
             # the lowest-scored resident pages outside the top-k make room for the recalled ones
-            evictable = resident & ~must
-            lowest = topk_mask(np.where(evictable, -scores, -np.inf), missing.sum(axis=-1))
-            new = (resident & ~(lowest & evictable)) | missing
+            order, rank = shared(view, (*geometry, "ascending"), ascending)
+            lowest = lowest_among(resident > must, missing.sum(axis=-1), order, rank)
+            new = (resident > lowest) | missing
             self._resident[layer] = new
-            self._tiers[layer] = self._tiers_from_pages(new)
-        read = must if self.sparse_read else new
-        return expand_pages(read, self._n_audio, self.page_size)
+            on_gpu = expand_pages(new, self._n_audio, self.page_size)
+            np.take(_TIER_OF_RESIDENT, on_gpu.view(np.uint8), out=self._tiers[layer])
+            self._on_gpu[layer] = self._read_only(on_gpu)
+        if self.sparse_read:
+            return expand_pages(must, self._n_audio, self.page_size)
+        return self._on_gpu[layer]
+
+    def select_layers(self, view: StepQueryView) -> np.ndarray | None:
+        """:meth:`select` of every layer of the step at once (replay): a layer's recall and
+        eviction depend only on its query, keys and resident pages, so the same computation
+        runs on (L, H_kv, n_pages) arrays. Same reads and tiers as ``select`` layer by layer
+        (``tests/test_policy_pages_fastpath.py``)."""
+        geometry = self._geometry()
+
+        def scores() -> np.ndarray:  # (L, H_kv, P)
+            if self._stacked is None:
+                self._stacked = LayerPageBoxes([self.digest(layer, view.audio_keys(layer))
+                                                for layer in range(self._resident.shape[0])])
+            return self._combine(self._stacked.upper_bound(view.queries()))
+
+        def ascending() -> tuple[np.ndarray, np.ndarray]:
+            order = np.argsort(shared(view, (*geometry, "all"), scores), axis=-1, kind="stable")
+            return order, np.argsort(order, axis=-1)
+
+        all_scores = shared(view, (*geometry, "all"), scores)
+        must = self._forced | top_pages(np.where(self._forced, -np.inf, all_scores), self.topk)
+        resident = self._resident
+        missing = must > resident
+        if missing.any():
+            order, rank = shared(view, (*geometry, "all-ascending"), ascending)
+            n = resident.shape[-1]
+            lowest = lowest_among((resident > must).reshape(-1, n), missing.sum(axis=-1).ravel(),
+                                  order.reshape(-1, n), rank.reshape(-1, n))
+            new = (resident > lowest.reshape(resident.shape)) | missing
+            changed = np.flatnonzero(missing.any(axis=(1, 2)))
+            on_gpu = expand_pages(new[changed], self._n_audio, self.page_size)
+            self._tiers[changed] = _TIER_OF_RESIDENT[on_gpu.view(np.uint8)]
+            on_gpu.flags.writeable = False
+            for j, layer in enumerate(changed):
+                self._on_gpu[layer] = on_gpu[j]
+            self._resident = new
+        if self.sparse_read:
+            return expand_pages(must, self._n_audio, self.page_size)
+        return self._tiers == Tier.GPU
+
+    @staticmethod
+    def _read_only(mask: np.ndarray) -> np.ndarray:
+        mask = np.ascontiguousarray(mask)
+        mask.flags.writeable = False
+        return mask
 
     def current_tiers(self) -> np.ndarray | None:
         return self._tiers  # read-only for the caller (protocol); no copy per layer and step
@@ -223,4 +308,4 @@ class ArkVale(Policy):
 
     def _tiers_from_pages(self, resident: np.ndarray) -> np.ndarray:
         on_gpu = expand_pages(resident, self._n_audio, self.page_size)
-        return np.where(on_gpu, Tier.GPU, Tier.CPU).astype(np.uint8)
+        return _TIER_OF_RESIDENT[on_gpu.view(np.uint8)]

@@ -26,7 +26,15 @@ import numpy as np
 
 from policies._allocation import allocate, fft_lowpass
 from policies._scoring import window_scores
-from policies.base import Policy, PolicyContext, PrefillView, Tier, topk_mask
+from policies.base import (
+    Policy,
+    PolicyContext,
+    PrefillView,
+    Tier,
+    descending_ranks,
+    shared,
+    topk_from_ranks,
+)
 from policies.registry import register
 
 
@@ -85,8 +93,12 @@ class AudioKV(Policy):
         total = ctx.budget_tokens(self.budget)
         budgets = voice_guided_budgets(total, hs.voice_score, ctx.n_audio, self.baseline_ratio)
         self.head_budgets_ = budgets
-        scores = spectral_smooth(window_scores(ctx, view, self.window), self.alpha, self.rho)
-        keep = topk_mask(scores, budgets)
+        def ranks() -> np.ndarray:  # of the smoothed scores; they do not depend on the budget
+            scores = spectral_smooth(window_scores(ctx, view, self.window), self.alpha, self.rho)
+            return descending_ranks(scores)
+
+        keep = topk_from_ranks(  # = topk_mask(smoothed scores, budgets)
+            shared(view, ("audiokv", self.window, self.alpha, self.rho), ranks), budgets)
         self._capacity = int(budgets.sum())
         return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
 

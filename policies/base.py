@@ -24,7 +24,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -196,6 +196,23 @@ class QueryView(Protocol):
         ...
 
 
+class StepQueryView(Protocol):
+    """Input of the optional :meth:`Policy.select_layers` fast path: the queries of *every*
+    layer at one decode step. Only an open-loop driver (replay of recorded queries) knows them
+    before attention runs; live decoding calls :meth:`Policy.select` layer by layer."""
+
+    @property
+    def step(self) -> int: ...
+
+    def queries(self) -> np.ndarray:
+        """Post-RoPE queries of the current token at every layer, shape (L, H_q, D), float32."""
+        ...
+
+    def audio_keys(self, layer: int) -> np.ndarray:
+        """Post-RoPE audio keys of ``layer``, shape (H_kv, T_a, D), float32."""
+        ...
+
+
 @dataclass
 class BufferStepView:
     """A :class:`StepView` over a (L, H_q, T_a) buffer that the driver (replay engine or live
@@ -208,6 +225,17 @@ class BufferStepView:
         if self.buffer is None:
             raise RuntimeError("policy did not set needs_step_attention = True")
         return self.buffer[layer]
+
+
+def all_audio_attention(view: StepView, n_layers: int) -> np.ndarray:
+    """Every layer's :meth:`StepView.audio_attention` as one (L, H_q, T_a) array (read-only use).
+
+    The driver's :class:`BufferStepView` already holds them in one buffer, returned as is; any
+    other view is stacked layer by layer.
+    """
+    if isinstance(view, BufferStepView) and view.buffer is not None:
+        return view.buffer
+    return np.stack([view.audio_attention(layer) for layer in range(n_layers)])
 
 
 @dataclass
@@ -228,7 +256,24 @@ class ArrayQueryView:
         return self._keys
 
 
-def shared(view: QueryView, key: Hashable, compute: Callable[[], T]) -> T:
+@dataclass
+class ArrayStepQueryView:
+    """A :class:`StepQueryView` over stacked queries and per-layer audio keys; ``memo`` as in
+    :class:`ArrayQueryView`, shared by the policies the driver runs at this step."""
+
+    step: int
+    _queries: np.ndarray
+    _keys: Sequence[np.ndarray]
+    memo: dict | None = None
+
+    def queries(self) -> np.ndarray:
+        return self._queries
+
+    def audio_keys(self, layer: int) -> np.ndarray:
+        return self._keys[layer]
+
+
+def shared(view: Any, key: Hashable, compute: Callable[[], T]) -> T:
     """``compute()``, shared by every policy that asks for ``key`` at this step and layer.
 
     The replay engine drives many policies and budgets over the same query; quantities that do
@@ -264,6 +309,8 @@ class Policy(abc.ABC):
     #: False for policies that keep everything resident and only reduce what attention reads
     #: (Quest): their saving is bandwidth, not capacity.
     saves_capacity: ClassVar[bool] = True
+    #: True when ``select_layers`` is implemented (replay's fast path for ``select``).
+    selects_all_layers: ClassVar[bool] = False
 
     budget: float = 1.0
 
@@ -284,6 +331,22 @@ class Policy(abc.ABC):
         """Per-layer query-aware hook. Return a bool mask (H_kv, T_a) of the audio positions
         attention reads at this layer and step (must be GPU-resident after the call), or None
         to read every GPU-resident position. May update the policy's own tiers of that layer."""
+        return None
+
+    def select_layers(self, view: StepQueryView) -> np.ndarray | None:
+        """Every layer's ``select`` of one step at once (``selects_all_layers``): the same
+        reads, stacked (L, H_kv, T_a) bool, and the same tier updates as calling ``select`` for
+        layer 0, 1, ..., L-1 with these queries, or None to read every GPU-resident position.
+
+        Only for policies whose selection at a layer depends on nothing but that layer (its
+        query, keys and own state). An open-loop driver (the replay engine) knows every
+        layer's query before the step and calls this once instead of ``select`` per layer.
+        """
+        raise NotImplementedError(f"{self.name} does not select all layers at once")
+
+    def step_attention_layers(self) -> list[int] | None:
+        """Layers whose ``StepView.audio_attention`` ``decode_step`` reads (asked once, after
+        ``prefill``), or None for every layer. A driver may skip computing the others."""
         return None
 
     def gpu_capacity(self) -> int | None:
@@ -339,11 +402,22 @@ def topk_mask(scores: np.ndarray, k: np.ndarray | int) -> np.ndarray:
 
     Ties are broken towards the earlier position (stable), so results are deterministic.
     """
+    return topk_from_ranks(descending_ranks(scores), k)
+
+
+def descending_ranks(scores: np.ndarray) -> np.ndarray:
+    """Rank of every entry along the last axis by descending score, ties to the earlier
+    position (0 = highest): what :func:`topk_mask` compares with ``k``. Policies that select
+    from the same scores at several budgets share these (see :func:`shared`)."""
     scores = np.asarray(scores)
     n = scores.shape[-1]
-    k_arr = np.broadcast_to(np.asarray(k, dtype=np.int64), scores.shape[:-1])
-    k_arr = np.clip(k_arr, 0, n)
     order = np.argsort(-scores, axis=-1, kind="stable")
     ranks = np.empty_like(order)
     np.put_along_axis(ranks, order, np.arange(n)[(None,) * (scores.ndim - 1)], axis=-1)
-    return ranks < k_arr[..., None]
+    return ranks
+
+
+def topk_from_ranks(ranks: np.ndarray, k: np.ndarray | int) -> np.ndarray:
+    """:func:`topk_mask` from precomputed :func:`descending_ranks` (per row ``k`` allowed)."""
+    k_arr = np.broadcast_to(np.asarray(k, dtype=np.int64), ranks.shape[:-1])
+    return ranks < np.clip(k_arr, 0, ranks.shape[-1])[..., None]

@@ -35,7 +35,7 @@ from policies.base import (
     PrefillView,
     StepView,
     Tier,
-    kv_group_sum,
+    all_audio_attention,
     topk_mask,
 )
 from policies.registry import register
@@ -80,22 +80,26 @@ class H2O(Policy):
         if n_recent:
             self._recent[ctx.n_audio - n_recent :] = True
         #: accumulated attention per (layer, KV-head, audio position)
-        self.scores = window_scores(ctx, view, self.window or None)
+        self.scores = window_scores(ctx, view, self.window or None).copy()  # grows every step
         heavy = topk_mask(
             np.where(self._recent, -np.inf, self.scores), self._head_budget - n_recent
         )
         self._tiers = np.where(heavy | self._recent, Tier.GPU, Tier.GONE).astype(np.uint8)
         self._capacity = self._head_budget * ctx.heads.n_heads_total
+        #: resident positions per (layer, KV-head); the tiers change only in ``_evict``
+        self._n_resident = (self._tiers == Tier.GPU).sum(axis=-1)
         return self._tiers.copy()
 
     def decode_step(self, view: StepView) -> np.ndarray | None:
-        for layer in range(self.scores.shape[0]):
-            att = view.audio_attention(layer).astype(np.float64)  # (H_q, T_a)
-            self.scores[layer] += kv_group_sum(att, self._group)
-        resident = self._tiers == Tier.GPU
-        if not (resident.sum(axis=-1) > self._head_budget).any():
+        n_layers, n_kv, n_audio = self.scores.shape
+        att = all_audio_attention(view, n_layers)  # (L, H_q, T_a)
+        # every layer at once: the float64 GQA-group sum of kv_group_sum, layer by layer
+        self.scores += att.reshape(n_layers, n_kv, self._group, n_audio).sum(
+            axis=2, dtype=np.float64)
+        if not (self._n_resident > self._head_budget).any():
             return None
-        self._tiers = self._evict(resident)
+        self._tiers = self._evict(self._tiers == Tier.GPU)
+        self._n_resident = (self._tiers == Tier.GPU).sum(axis=-1)
         return self._tiers.copy()
 
     def _evict(self, resident: np.ndarray) -> np.ndarray:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies._allocation import allocate
-from policies._scoring import pool_scores, uniform_head_budget, window_scores
-from policies.base import Policy, PolicyContext, PrefillView, Tier, topk_mask
+from policies._scoring import pooled_window_scores, uniform_head_budget
+from policies.base import Policy, PolicyContext, PrefillView, Tier, topk_from_ranks
 from policies.registry import register
 
 
@@ -70,11 +70,11 @@ class PyramidKV(Policy):
             raise ValueError(f"pyramidkv: beta must be >= 1, got {self.beta}")
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
-        scores = pool_scores(window_scores(ctx, view, self.window), self.kernel, self.pooling)
+        _, ranks = pooled_window_scores(ctx, view, self.window, self.kernel, self.pooling)
         per_head = uniform_head_budget(ctx, self.budget)
         layer_budget = pyramid_layer_budgets(per_head, ctx.heads.n_layers, ctx.n_audio, self.beta)
         self.layer_budgets_ = layer_budget
-        keep = topk_mask(scores, layer_budget[:, None])
+        keep = topk_from_ranks(ranks, layer_budget[:, None])  # = topk_mask(scores, ...)
         self._capacity = int(layer_budget.sum()) * ctx.heads.n_kv_heads
         return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
 

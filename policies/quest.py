@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies._pages import (
+    LayerPageBoxes,
     PageBoxes,
     expand_pages,
     minmax_digest,
@@ -30,7 +31,15 @@ from policies._pages import (
     reduce_group,
     top_pages,
 )
-from policies.base import Policy, PolicyContext, PrefillView, QueryView, full_tiers, shared
+from policies.base import (
+    Policy,
+    PolicyContext,
+    PrefillView,
+    QueryView,
+    StepQueryView,
+    full_tiers,
+    shared,
+)
 from policies.registry import register
 
 
@@ -57,6 +66,7 @@ class Quest(Policy):
     )
     query_aware = True
     saves_capacity = False
+    selects_all_layers = True
 
     page_size: int = 16
     group_reduce: str = "max"
@@ -77,6 +87,8 @@ class Quest(Policy):
         #: pages read per (layer, KV-head) and step
         self.page_budget = int(np.floor(self.budget * self._n_pages + 1e-9))
         self._digests: dict[int, PageBoxes] = {}
+        self._stacked: LayerPageBoxes | None = None  # every layer's digests, for select_layers
+        self._n_layers = ctx.heads.n_layers
         return full_tiers(ctx)
 
     def digest(self, layer: int, keys: np.ndarray) -> PageBoxes:
@@ -99,3 +111,21 @@ class Quest(Policy):
             return None
         pages = top_pages(self.page_scores(view), self.page_budget)
         return expand_pages(pages, self._n_audio, self.page_size)
+
+    def select_layers(self, view: StepQueryView) -> np.ndarray | None:
+        """:meth:`select` of every layer of the step at once (replay): Quest's choice at a
+        layer depends only on that layer's query and keys, so the bounds of all layers are one
+        batched product and the top-K one partition of their rows. The bounds do not depend on
+        the budget: computed once per step for every Quest run. Dense layers read every
+        position (all of Quest's audio is on GPU), as ``select`` returning None does."""
+        def scores() -> np.ndarray:  # (L, H_kv, P)
+            if self._stacked is None:
+                self._stacked = LayerPageBoxes(
+                    [self.digest(layer, view.audio_keys(layer)) for layer in range(self._n_layers)])
+            return reduce_group(self._stacked.upper_bound(view.queries()), self.group_reduce)
+
+        key = ("quest-all", self.page_size, self.group_reduce)
+        reads = expand_pages(top_pages(shared(view, key, scores), self.page_budget),
+                             self._n_audio, self.page_size)
+        reads[: self.dense_layers] = True
+        return reads

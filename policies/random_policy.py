@@ -12,7 +12,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies._scoring import uniform_head_budget
-from policies.base import Policy, PolicyContext, PrefillView, Tier, topk_mask
+from policies.base import (
+    Policy,
+    PolicyContext,
+    PrefillView,
+    Tier,
+    descending_ranks,
+    shared,
+    topk_from_ranks,
+)
 from policies.registry import register
 
 
@@ -34,9 +42,14 @@ class RandomPolicy(Policy):
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         budget = uniform_head_budget(ctx, self.budget)
-        rng = np.random.default_rng([int(ctx.seed), int(self.salt), 0x6B7673])
         shape = (ctx.heads.n_layers, ctx.heads.n_kv_heads, ctx.n_audio)
-        keep = topk_mask(rng.random(shape), budget)
+
+        def ranks() -> np.ndarray:
+            rng = np.random.default_rng([int(ctx.seed), int(self.salt), 0x6B7673])
+            return descending_ranks(rng.random(shape))
+
+        # the same draw at every budget (nested subsets): ranked once per prefill view
+        keep = topk_from_ranks(shared(view, ("random", ctx.seed, self.salt, shape), ranks), budget)
         self._capacity = budget * ctx.heads.n_heads_total
         return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies._scoring import pool_scores, uniform_head_budget, window_scores
-from policies.base import Policy, PolicyContext, PrefillView, Tier, topk_mask
+from policies._scoring import pooled_window_scores, uniform_head_budget
+from policies.base import Policy, PolicyContext, PrefillView, Tier, topk_from_ranks
 from policies.registry import register
 
 
@@ -40,9 +40,9 @@ class SnapKV(Policy):
     pooling: str = "avg"
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
-        scores = pool_scores(window_scores(ctx, view, self.window), self.kernel, self.pooling)
+        _, ranks = pooled_window_scores(ctx, view, self.window, self.kernel, self.pooling)
         budget = uniform_head_budget(ctx, self.budget)
-        keep = topk_mask(scores, budget)
+        keep = topk_from_ranks(ranks, budget)  # = topk_mask(scores, budget)
         self._capacity = budget * ctx.heads.n_heads_total
         return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
 

@@ -36,6 +36,7 @@ from policies.base import (
     PrefillView,
     Tier,
     kv_group_sum,
+    shared,
     topk_mask,
 )
 from policies.registry import register
@@ -112,11 +113,18 @@ class VoxZip(Policy):
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         g = ctx.heads.group
         L, H, T = ctx.heads.n_layers, ctx.heads.n_kv_heads, ctx.n_audio
-        score = np.zeros((L, H, T), dtype=np.float64)
-        for layer in range(L):
-            att = view.audio_attention(layer)  # (H_q, W, T_a)
-            for w in range(att.shape[1]):
-                score[layer] = decayed_accumulate(score[layer], kv_group_sum(att[:, w, :], g), self.gamma)
+
+        def accumulate() -> np.ndarray:
+            score = np.zeros((L, H, T), dtype=np.float64)
+            for layer in range(L):
+                att = view.audio_attention(layer)  # (H_q, W, T_a)
+                for w in range(att.shape[1]):
+                    score[layer] = decayed_accumulate(score[layer], kv_group_sum(att[:, w, :], g),
+                                                      self.gamma)
+            return score
+
+        # independent of the budget: computed once per prefill view for every VoxZip run
+        score = shared(view, ("voxzip-prefill", self.gamma), accumulate).copy()
         self._group = g
         self.scores_ = score
         self._budget = uniform_head_budget(ctx, self.budget)

@@ -335,6 +335,9 @@ class WnW(Policy):
         self._tiers[self._tidal] = tidal_tiers[self._tidal]
         return self._tiers.copy()
 
+    def step_attention_layers(self) -> list[int] | None:
+        return sorted(self._anchor_by_layer)  # eq. (2) reads the anchor heads' layers only
+
     def gpu_capacity(self) -> int | None:
         return self._cap
 

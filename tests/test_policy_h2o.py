@@ -56,6 +56,28 @@ def test_scores_accumulate_step_attention() -> None:
     assert np.allclose(pol.scores, expected)
 
 
+@pytest.mark.parametrize(("n_q", "n_kv"), [(6, 2), (8, 2), (3, 3)])
+def test_vectorised_step_scores_equal_per_layer_group_sums(n_q: int, n_kv: int) -> None:
+    """decode_step adds every layer at once; bit-identical to kv_group_sum layer by layer,
+    through the engine's BufferStepView and through a plain per-layer view."""
+    from policies.base import BufferStepView
+
+    ctx = make_ctx(n_layers=3, n_q_heads=n_q, n_kv_heads=n_kv, n_audio=37)
+    rng = np.random.default_rng(n_q)
+    pols = [make("h2o", 0.6) for _ in range(2)]
+    for pol in pols:
+        pol.prefill(ctx, random_prefill(ctx))
+    expected = pols[0].scores.copy()
+    for step in range(5):
+        att = rng.random((3, n_q, 37)).astype(np.float32)
+        pols[0].decode_step(BufferStepView(step, att))
+        pols[1].decode_step(FakeStep(step, att))
+        expected += np.stack([kv_group_sum(att[layer].astype(np.float64), n_q // n_kv)
+                              for layer in range(3)])
+        assert np.array_equal(pols[0].scores, expected)
+        assert np.array_equal(pols[1].scores, expected)
+
+
 def test_eviction_rule_drops_lowest_accumulated_non_recent() -> None:
     ctx = make_ctx(n_layers=1, n_q_heads=1, n_kv_heads=1, n_audio=10)
     pol = make("h2o", 0.4)  # B = 4, recent = {8, 9}

@@ -10,7 +10,15 @@ import pytest
 
 from kvsim.replay.engine import InvariantViolation, PolicySpec, ReplayConfig, replay_trace
 from kvsim.trace import Trace
-from policies.base import Policy, PolicyContext, PrefillView, StepView, Tier, full_tiers
+from policies.base import (
+    Policy,
+    PolicyContext,
+    PrefillView,
+    QueryView,
+    StepView,
+    Tier,
+    full_tiers,
+)
 from policies.registry import register
 from tests.conftest import make_trace
 
@@ -76,6 +84,60 @@ class _Greedy(Policy):
 
     def gpu_capacity(self) -> int:
         return self.cap
+
+
+@register
+@dataclass
+class _Peeker(Policy):
+    """Test policy: half the audio on CPU; select() reads GPU only, except (``peek``) one CPU
+    position at layer 1 of step 2. With ``none_layer`` it returns None at that layer after
+    moving that layer's tiers (allowed: None reads the tiers before the step)."""
+
+    name = "_test_peeker"
+    query_aware = True
+    recallable = True
+    peek: bool = True
+    none_layer: int = -1
+
+    def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        self.t = full_tiers(ctx, Tier.CPU)
+        self.t[..., ::2] = Tier.GPU
+        return self.t.copy()
+
+    def select(self, view: QueryView) -> np.ndarray | None:
+        if view.layer == self.none_layer:
+            self.t[view.layer] = np.where(self.t[view.layer] == Tier.GPU, Tier.CPU, Tier.GPU)
+            return None
+        read = self.t[view.layer] == Tier.GPU
+        if self.peek and view.step == 2 and view.layer == 1:
+            read = read.copy()
+            read[0, 1] = True
+        return read
+
+    def current_tiers(self) -> np.ndarray:
+        return self.t
+
+
+@register
+@dataclass
+class _LayerReader(Policy):
+    """Test policy: records the step attention of the layers it declares (and all of them)."""
+
+    name = "_test_layer_reader"
+    needs_step_attention = True
+    layers: tuple = (1,)
+    seen: list = field(default_factory=list, repr=False)
+
+    def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        self.n_layers = ctx.heads.n_layers
+        return full_tiers(ctx)
+
+    def step_attention_layers(self) -> list[int]:
+        return list(self.layers)
+
+    def decode_step(self, view: StepView) -> None:
+        self.seen.append(np.stack([view.audio_attention(la).copy() for la in range(self.n_layers)]))
+        return None
 
 
 def _direct(trace: Trace, layer: int, step: int, gpu_mask: np.ndarray) -> np.ndarray:
@@ -175,3 +237,22 @@ def test_invariant_violations_are_caught(tmp_path: Path) -> None:
         replay_trace(t, [PolicySpec("_test_zombie", 0.5)])
     with pytest.raises(InvariantViolation, match="capacity"):
         replay_trace(t, [PolicySpec("_test_greedy", 0.5)])
+
+
+def test_select_reading_cpu_audio_is_caught(tmp_path: Path) -> None:
+    t = Trace(make_trace(tmp_path / "t.kvtrace"))
+    with pytest.raises(InvariantViolation, match=r"not on GPU \(step 2, layer 1\)"):
+        replay_trace(t, [PolicySpec("_test_peeker", 0.5), PolicySpec("full", 1.0)])
+    # honest reads pass, and a None select() may move that layer's tiers
+    (run,) = replay_trace(t, [PolicySpec("_test_peeker", 0.5, {"peek": False, "none_layer": 0})])
+    assert run.summary["read_fraction"] == pytest.approx(0.5)
+
+
+def test_step_attention_is_filled_for_declared_layers(small_trace: Trace) -> None:
+    specs = [PolicySpec("_test_layer_reader", 1.0, {"layers": (1,)}),
+             PolicySpec("_test_layer_reader", 1.0, {"layers": tuple(range(small_trace.meta.model.n_layers))}),
+             PolicySpec("h2o", 0.5)]
+    one, every, _ = replay_trace(small_trace, specs, ReplayConfig(max_steps=3))
+    for a, b in zip(one.policy.seen, every.policy.seen, strict=True):
+        assert np.array_equal(a[1], b[1])  # the declared layer: the same attention
+        assert np.isnan(a[0]).all() and not np.isnan(b[0]).any()  # undeclared: NaN, not stale

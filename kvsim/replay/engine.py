@@ -27,6 +27,7 @@ from kvsim.trace.reader import Trace
 from policies import registry
 from policies.base import (
     ArrayQueryView,
+    ArrayStepQueryView,
     BufferStepView,
     HeadScores,
     MissingCalibrationError,
@@ -119,6 +120,8 @@ class WindowPrefillView:
         self._window = window
         self._audio = audio
         self._cache: dict[int, np.ndarray] = {}
+        #: results shared by every policy prefilled on this view (see ``policies.base.shared``)
+        self.memo: dict = {}
 
     @property
     def n_window(self) -> int:
@@ -153,10 +156,12 @@ class _Run:
         self.step_jaccard = np.zeros(0)
         self.err_sum = 0.0
         self.err_n = 0
-        self.log: dict[str, list[Any]] = {c: [] for c in STEP_LOG_COLUMNS}  # columnar step log
+        # step log: one row per step of the per-run columns (_LOG_SCALARS) and per-layer
+        # transfer counts, filled in place; the run-independent columns are added at the end
+        self.log_scalars: np.ndarray = np.zeros((0, len(_LOG_SCALARS)), dtype=np.int64)
+        self.log_layers: np.ndarray = np.zeros((0, 2, L), dtype=np.int64)
         self.history: list[np.ndarray] | None = None
         self.seconds = 0.0
-        self.read_count = 0
         self.gpuf: np.ndarray | None = None  # (L, H_kv, T_a) float32, a slot of a shared array
         self.n_res: np.ndarray | None = None  # (L, H_kv) resident audio per KV-head
 
@@ -175,6 +180,26 @@ class _Run:
         self.n_gpu = int(self.n_res.sum())
         self.n_cpu = int(np.count_nonzero(self.tiers == Tier.CPU))
 
+    def update_tiers(self, changed: np.ndarray, before: np.ndarray, after: np.ndarray) -> None:
+        """:meth:`set_tiers` for new tiers that differ from the current ones only at the flat
+        indices ``changed`` (``before`` -> ``after``): the derived arrays are patched there."""
+        np.put(self.tiers, changed, after)  # in place, whatever the memory layout
+        on_gpu = after == Tier.GPU
+        np.put(self.gpu, changed, on_gpu)
+        np.put(self.gpuf, changed, on_gpu)
+        delta = on_gpu.astype(np.int64) - (before == Tier.GPU)
+        row = changed // self.tiers.shape[-1]  # (layer, KV-head) of every change
+        per_row = np.bincount(row, weights=delta, minlength=self.n_res.size)
+        self.n_res += per_row.astype(np.int64).reshape(self.n_res.shape)
+        self.n_gpu += int(delta.sum())
+        self.n_cpu += int(np.count_nonzero(after == Tier.CPU) - np.count_nonzero(before == Tier.CPU))
+
+
+#: step-log columns that differ between runs, in the order of ``_Run.log_scalars``
+_LOG_SCALARS = ("gpu_audio_tokens", "cpu_audio_tokens", "read_audio_tokens", "h2d_tokens",
+                "h2d_bytes", "h2d_transfers", "released_tokens")
+_GPU, _CPU, _READ, _H2D, _H2D_BYTES, _TRANSFERS, _RELEASED = range(len(_LOG_SCALARS))
+
 
 def check_tiers(name: str, tiers: np.ndarray, shape: tuple[int, ...]) -> None:
     """Shape, dtype and value checks on a tier array returned by a policy."""
@@ -185,12 +210,6 @@ def check_tiers(name: str, tiers: np.ndarray, shape: tuple[int, ...]) -> None:
         raise InvariantViolation(f"{name}: tiers dtype must be uint8, got {tiers.dtype}")
     if tiers.size and tiers.max() > Tier.GPU:
         raise InvariantViolation(f"{name}: tier values must be GONE/CPU/GPU (0/1/2)")
-
-
-def _runs_per_layer(mask: np.ndarray) -> np.ndarray:
-    """Number of contiguous True runs along the last axis, summed per layer (axis 0)."""
-    starts = mask[..., 1:] & ~mask[..., :-1]
-    return starts.sum(axis=(1, 2)) + mask[..., 0].sum(axis=1)
 
 
 class Replayer:
@@ -267,51 +286,75 @@ class Replayer:
         ones_a = np.ones((Hkv, Ta, 1), dtype=np.float32)
         # Every run's GPU mask lives in one array so that the metrics of all runs are computed
         # by a handful of batched numpy calls per layer and step, whatever the number of runs.
+        # For a query-aware run the slot of a layer holds, during the step, what its select()
+        # read there (written before use); its tiers live in run.tiers / run.gpu.
         R = len(runs)
-        masks = np.zeros((R, L, Hkv, Ta), dtype=np.float32)
-        resident = np.zeros((R, L, Hkv), dtype=np.int64)
+        # Layer-major, so that what a layer reads of every run is one contiguous block.
+        masks = np.zeros((L, R, Hkv, Ta), dtype=np.float32)
+        resident = np.zeros((L, R, Hkv), dtype=np.int64)
         for r, run in enumerate(runs):
-            masks[r], resident[r] = run.gpuf, run.n_res
-            run.gpuf, run.n_res = masks[r], resident[r]
+            masks[:, r], resident[:, r] = run.gpuf, run.n_res
+            run.gpuf, run.n_res = masks[:, r], resident[:, r]
+            run.log_scalars = np.zeros((self.n_steps, len(_LOG_SCALARS)), dtype=np.int64)
+            run.log_layers = np.zeros((self.n_steps, 2, L), dtype=np.int64)
         query_aware = [(r, run) for r, run in enumerate(runs) if run.policy.query_aware]
-        with_buffer = [(r, run) for r, run in enumerate(runs) if run.buffer is not None]
+        # open loop: every layer's query of a step is known before the step, so the policies
+        # that can select all layers at once do so (select_layers); the others per layer
+        all_layers = [(r, run) for r, run in query_aware if run.policy.selects_all_layers]
+        per_layer = [(r, run) for r, run in query_aware if not run.policy.selects_all_layers]
+        qa_idx = np.array([r for r, _ in per_layer], dtype=np.int64)
+        audio_keys = [k[:, self.audio_index] for k in self.keys32]
+        # the step-attention buffers of all runs that read them, in one array (batched fill);
+        # a layer is filled only for the runs that read it (step_attention_layers), the others
+        # hold NaN so that reading one shows
+        # (those that read every layer first, so that a layer they alone read is a slice)
+        buffered = sorted((r for r, run in enumerate(runs) if run.buffer is not None),
+                          key=lambda r: runs[r].policy.step_attention_layers() is not None)
+        buffers = np.zeros((len(buffered), L, Hkv, g, Ta), dtype=np.float32)
+        readers: list[list[int]] = [[] for _ in range(L)]  # per layer: buffers filled there
+        for b, r in enumerate(buffered):
+            runs[r].buffer = buffers[b].reshape(L, Hq, Ta)
+            layers = runs[r].policy.step_attention_layers()
+            for layer in range(L) if layers is None else sorted(set(layers)):
+                readers[layer].append(b)
+        fill: list[tuple[list[int], list[int] | slice]] = []  # per layer: runs, buffer rows
+        for layer in range(L):
+            rows = readers[layer]
+            buffers[[b for b in range(len(buffered)) if b not in rows], layer] = np.nan
+            fill.append(([buffered[b] for b in rows],
+                         slice(0, len(rows)) if rows == list(range(len(rows))) else rows))
+        # query-aware runs: per step, the layers whose select() returned a mask (checked)
+        checked = np.zeros((R, L), dtype=bool)
+        read_log = np.zeros((R, self.n_steps), dtype=np.int64)
+        # runs whose tiers may change after prefill (or are recorded): _end_step every step
+        stepping = [run for run in runs if run.policy.query_aware or run.history is not None
+                    or type(run.policy).decode_step is not Policy.decode_step]
         recall_sum = np.zeros((R, L, Hq))
         step_recall = np.zeros((R, self.n_steps))
         step_jaccard = np.zeros((R, self.n_steps))
         err_sum = np.zeros(R)
         err_n = 0
+        top_onehot = np.zeros((Hkv, g, Ta), dtype=np.float32)
+        q_rows = np.arange(Hq)[:, None]
         for s in range(self.n_steps):
             p = n_prefill + s
             qrow = self.trace.query_index(p)
             want_err = self.values32 is not None and s % cfg.error_stride == 0
             na = self.non_audio[: p + 1]
             read = np.zeros(R, dtype=np.int64)
+            queries = [as_f32(self.trace.queries(layer)[:, qrow]) for layer in range(L)]
+            if all_layers:
+                self._select_all(all_layers, s, queries, audio_keys, masks, resident, checked)
             for layer in range(L):
-                q = as_f32(self.trace.queries(layer)[:, qrow])
+                q = queries[layer]
                 P = softmax_(gqa_logits(q, self.keys32[layer][:, : p + 1]))  # (H_q, p+1)
                 Pa3 = P[:, ai].reshape(Hkv, g, Ta)  # a view when the audio is contiguous
                 # same summation (mat-vec) as the kept mass below, so recall of a full mask is 1.0
                 mass_a = np.matmul(Pa3, ones_a).reshape(Hq)
-                M = masks[:, layer]  # (R, H_kv, T_a)
-                n_res = resident[:, layer]  # (R, H_kv)
-                if query_aware:
-                    M, n_res = M.copy(), n_res.copy()
-                    qview = ArrayQueryView(s, layer, q, self.keys32[layer][:, ai], memo={})
-                    for r, run in query_aware:
-                        t0 = time.perf_counter()
-                        sel = run.policy.select(qview)
-                        run.seconds += time.perf_counter() - t0
-                        if sel is None:
-                            continue
-                        if cfg.check_invariants:
-                            cur = run.policy.current_tiers()
-                            gpu_now = (cur[layer] == Tier.GPU) if cur is not None else run.gpu[layer]
-                            if (sel & ~gpu_now).any():
-                                raise InvariantViolation(
-                                    f"{run.spec.label}: select() read audio that is not on GPU "
-                                    f"(step {s}, layer {layer})")
-                        M[r] = sel
-                        n_res[r] = sel.sum(-1)
+                M = masks[layer]  # (R, H_kv, T_a), a contiguous view
+                n_res = resident[layer]  # (R, H_kv)
+                if per_layer:
+                    self._select(per_layer, qa_idx, s, layer, q, M, n_res, checked)
                 read += n_res.sum(-1)
                 # kept audio mass of every run and q-head: one broadcast mat-vec
                 mass_k = np.matmul(Pa3[None], M[..., None]).reshape(R, Hq)
@@ -320,16 +363,24 @@ class Replayer:
                 recall_sum[:, layer] += recall
                 step_recall[:, s] += recall.mean(-1)
                 z = 1.0 - mass_a + mass_k  # (R, H_q) softmax normaliser of the compressed model
-                for r, run in with_buffer:
-                    buf = run.buffer[layer]
-                    np.multiply(Pa3, M[r][:, None, :], out=buf.reshape(Hkv, g, Ta))
-                    buf /= z[r][:, None]
+                fill_runs, fill_rows = fill[layer]
+                if fill_runs:
+                    slot = isinstance(fill_rows, slice)  # then computed in place
+                    kept = np.multiply(Pa3, M[fill_runs][:, :, None, :],  # (n, H_kv, g, T_a)
+                                       out=buffers[fill_rows, layer] if slot else None)
+                    kept /= z[fill_runs].reshape(len(fill_runs), Hkv, g, 1)
+                    if not slot:
+                        buffers[fill_rows, layer] = kept
                 # top-K Jaccard: the compressed ranking is the full one restricted to the
                 # resident set, so |top_full ∩ top_comp| = resident hits of top_full
                 n_res_q = n_res[:, kv_of_q[:, 0]]  # (R, H_q)
                 if k_top < Ta:
                     top = np.argpartition(-Pa3.reshape(Hq, Ta), k_top - 1, axis=-1)[:, :k_top]
-                    hits = M[:, kv_of_q, top].sum(-1)
+                    # hits[r, h] = sum over h's top-K of M[r, kv(h)]: 0/1 sums, exact in float32
+                    top_onehot.fill(0.0)
+                    top_onehot.reshape(Hq, Ta)[q_rows, top] = 1.0
+                    # (H_kv, g, T_a) @ (H_kv, T_a, R): one product per KV-head for all runs
+                    hits = np.matmul(top_onehot, M.transpose(1, 2, 0)).reshape(Hq, R).T
                 else:
                     hits = n_res_q
                 kc = np.minimum(k_top, n_res_q)
@@ -345,62 +396,121 @@ class Replayer:
                     err_sum += (np.linalg.norm(out_c - out_full, axis=-1) / norm_full).mean(-1)
             if want_err:
                 err_n += L
-            for r, run in enumerate(runs):
-                run.read_count = int(read[r])
-                self._end_step(run, s, p)
+            if query_aware and cfg.check_invariants:
+                self._check_reads(query_aware, masks, checked, s)
+            read_log[:, s] = read
+            for run in stepping:
+                self._end_step(run, s)
 
         for r, run in enumerate(runs):
+            run.log_scalars[:, _READ] = read_log[r]
+            if run not in stepping:  # tiers never change: the prefill counts at every step
+                run.log_scalars[:, _GPU], run.log_scalars[:, _CPU] = run.n_gpu, run.n_cpu
             run.recall_sum = recall_sum[r]
             run.step_recall = step_recall[r]
             run.step_jaccard = step_jaccard[r]
             run.err_sum, run.err_n = float(err_sum[r]), err_n
         return [self._finish(run, prefill_r[id(run)]) for run in runs]
 
+    def _select(self, query_aware: list[tuple[int, _Run]], qa_idx: np.ndarray, s: int,
+                layer: int, q: np.ndarray, M: np.ndarray, n_res: np.ndarray,
+                checked: np.ndarray) -> None:
+        """Call every query-aware run's ``select`` for this layer; write what each reads into
+        its slot of ``M`` (R, H_kv, T_a) and ``n_res`` (R, H_kv)."""
+        qview = ArrayQueryView(s, layer, q, self.keys32[layer][:, self.audio_index], memo={})
+        for r, run in query_aware:
+            t0 = time.perf_counter()
+            sel = run.policy.select(qview)
+            run.seconds += time.perf_counter() - t0
+            # None: it reads every GPU-resident position of its tiers before the step
+            M[r] = run.gpu[layer] if sel is None else sel
+            checked[r, layer] = sel is not None
+        n_res[qa_idx] = M[qa_idx].sum(-1)
+
+    def _select_all(self, runs: list[tuple[int, _Run]], s: int, queries: list[np.ndarray],
+                    audio_keys: list[np.ndarray], masks: np.ndarray, resident: np.ndarray,
+                    checked: np.ndarray) -> None:
+        """``select_layers`` of the runs that select every layer of step ``s`` at once: what
+        each reads at every layer goes to its slots of ``masks`` and ``resident``."""
+        view = ArrayStepQueryView(s, np.stack(queries), audio_keys, memo={})
+        for r, run in runs:
+            t0 = time.perf_counter()
+            reads = run.policy.select_layers(view)
+            run.seconds += time.perf_counter() - t0
+            masks[:, r] = run.gpu if reads is None else reads
+            resident[:, r] = masks[:, r].sum(-1)
+            checked[r] = reads is not None
+
+    def _check_reads(self, query_aware: list[tuple[int, _Run]], masks: np.ndarray,
+                     checked: np.ndarray, s: int) -> None:
+        """Every position a ``select`` read at step ``s`` was on GPU at that layer.
+
+        Checked once per step against the tiers after the step: ``select`` of a layer changes
+        only that layer's tiers (protocol), so they are the tiers it left at its layer.
+        """
+        for r, run in query_aware:
+            cur = run.policy.current_tiers()
+            if cur is None and run.n_gpu == run.tiers.size:
+                continue  # every position on GPU (Quest): nothing can be read off GPU
+            tiers = run.tiers if cur is None else cur
+            off_gpu = ((masks[:, r] != 0) & (tiers != Tier.GPU)).any(axis=-1).any(axis=-1)
+            off_gpu &= checked[r]
+            if off_gpu.any():
+                raise InvariantViolation(
+                    f"{run.spec.label}: select() read audio that is not on GPU "
+                    f"(step {s}, layer {int(np.flatnonzero(off_gpu)[0])})")
+
     # ------------------------------------------------------------------------- per step
-    def _end_step(self, run: _Run, s: int, p: int) -> None:
-        cfg, L = self.cfg, self.heads.n_layers
+    def _end_step(self, run: _Run, s: int) -> None:
+        cfg = self.cfg
         prev = run.tiers
         t0 = time.perf_counter()
         if run.policy.query_aware:
             new = run.policy.current_tiers()
         else:
-            view = BufferStepView(s, run.buffer)
-            new = run.policy.decode_step(view)
+            new = run.policy.decode_step(BufferStepView(s, run.buffer))
         run.seconds += time.perf_counter() - t0
-        row: dict[str, Any] = {"step": s, "context_tokens": p + 1,
-                               "non_audio_tokens": p + 1 - self.n_audio}
-        zeros = [0] * L
-        if new is None or new is prev and not run.policy.query_aware:
-            h2d_layer = zeros
-            runs_layer = zeros
-            released = 0
-        else:
+        log = run.log_scalars[s]
+        if not (new is None or new is prev and not run.policy.query_aware):
             check_tiers(run.spec.label, new, prev.shape)
-            if cfg.check_invariants and ((prev == Tier.GONE) & (new != Tier.GONE)).any():
-                raise InvariantViolation(
-                    f"{run.spec.label}: a GONE position came back at step {s} (GONE is absorbing)")
-            recalled = (prev == Tier.CPU) & (new == Tier.GPU)
-            h2d_layer = recalled.sum(axis=(1, 2)).tolist()
-            runs_layer = _runs_per_layer(recalled).tolist()
-            released = int(((prev == Tier.GPU) & (new != Tier.GPU)).sum())
-            run.set_tiers(new)
-            self._check_capacity(run, s)
-        h2d = int(sum(h2d_layer))
-        row.update(
-            gpu_audio_tokens=run.n_gpu,
-            cpu_audio_tokens=run.n_cpu,
-            read_audio_tokens=run.read_count,
-            h2d_tokens=h2d,
-            h2d_bytes=h2d * 2 * self.heads.head_dim * self.dtype_bytes,
-            h2d_transfers=int(sum(runs_layer)),
-            h2d_tokens_by_layer=[int(x) for x in h2d_layer],
-            h2d_transfers_by_layer=[int(x) for x in runs_layer],
-            released_tokens=released,
-        )
-        for key, value in row.items():
-            run.log[key].append(value)
+            # only the positions that changed tier matter: the rest cannot break an invariant,
+            # move, or change a count
+            changed = np.flatnonzero(prev != new)
+            if changed.size:
+                before, after = prev.ravel()[changed], new.ravel()[changed]
+                if cfg.check_invariants and ((before == Tier.GONE) & (after != Tier.GONE)).any():
+                    raise InvariantViolation(
+                        f"{run.spec.label}: a GONE position came back at step {s} "
+                        "(GONE is absorbing)")
+                self._count_transfers(run, s, changed, before, after)
+                run.update_tiers(changed, before, after)
+                self._check_capacity(run, s)
+        log[_GPU] = run.n_gpu
+        log[_CPU] = run.n_cpu
         if run.history is not None:
             run.history.append(run.tiers.copy())
+
+    def _count_transfers(self, run: _Run, s: int, changed: np.ndarray, before: np.ndarray,
+                         after: np.ndarray) -> None:
+        """Step-log transfer columns from the positions (flat indices, ascending) that changed
+        tier: CPU→GPU recalls per layer, their contiguous runs along the audio of each
+        (layer, KV-head) row, and the positions leaving GPU."""
+        n_audio, L = self.n_audio, self.heads.n_layers
+        per_layer = self.heads.n_kv_heads * n_audio
+        recalled = changed[(before == Tier.CPU) & (after == Tier.GPU)]
+        layer_of = recalled // per_layer
+        # a recalled position starts a run at the start of its row or after a gap
+        starts = np.ones(recalled.size, dtype=bool)
+        starts[1:] = np.diff(recalled) != 1
+        starts |= recalled % n_audio == 0
+        by_layer = run.log_layers[s]
+        by_layer[0] = np.bincount(layer_of, minlength=L)
+        by_layer[1] = np.bincount(layer_of[starts], minlength=L)
+        log = run.log_scalars[s]
+        log[_H2D] = recalled.size
+        log[_H2D_BYTES] = recalled.size * 2 * self.heads.head_dim * self.dtype_bytes
+        log[_TRANSFERS] = np.count_nonzero(starts)
+        log[_RELEASED] = np.count_nonzero((before == Tier.GPU) & (after != Tier.GPU))
 
     def _check_capacity(self, run: _Run, s: int) -> None:
         cap = run.policy.gpu_capacity()
@@ -413,14 +523,20 @@ class Replayer:
     def _finish(self, run: _Run, prefill_r: float) -> RunResult:
         ctx, L, Hq = self.ctx, self.heads.n_layers, self.heads.n_q_heads
         n = max(self.n_steps, 1)
-        cols: dict[str, Any] = {}
+        context = self.trace.meta.n_prefill + np.arange(self.n_steps, dtype=np.int64) + 1
+        arrays: dict[str, np.ndarray] = {
+            "step": np.arange(self.n_steps, dtype=np.int64),
+            "context_tokens": context,
+            "non_audio_tokens": context - self.n_audio,
+            "h2d_tokens_by_layer": run.log_layers[:, 0],
+            "h2d_transfers_by_layer": run.log_layers[:, 1],
+        }
+        arrays.update({name: run.log_scalars[:, i] for i, name in enumerate(_LOG_SCALARS)})
+        columns = []
         for name, dtype in STEP_LOG_COLUMNS.items():
-            if isinstance(dtype, pl.List):  # per-layer lists: via one 2-D array, not row by row
-                arr = np.array(run.log[name], dtype=np.int64).reshape(len(run.log[name]), L)
-                cols[name] = pl.Series(name, arr).cast(dtype)
-            else:
-                cols[name] = pl.Series(name, run.log[name], dtype=dtype)
-        log = pl.DataFrame(cols)
+            col = pl.Series(name, np.ascontiguousarray(arrays[name]))
+            columns.append(col if col.dtype == dtype else col.cast(dtype))
+        log = pl.DataFrame(columns)
         gpu, cpu, read = retention_per_step(log, ctx.audio_kv_total, prefill_r)
         saves = run.policy.saves_capacity
         summary = {
