@@ -58,6 +58,7 @@ class TrainConfig:
     max_minutes: float = 1e9
     bf16: bool = True
     p_long: float = 0.25  # share of steps on 30-60 s (two-window) clips, batch // 2 of them
+    threads: int = 1  # torch intra-op threads
 
 
 def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
@@ -186,7 +187,7 @@ def export(run: Path, cfg: TrainConfig, model, step: int, wer: float, name: str)
 
 def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
           init_projector: Path | None = None) -> None:
-    torch.set_num_threads(1)
+    torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
@@ -261,20 +262,26 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     ema = None
     while step < cfg.steps:
         rows = batch_rows(step)
+        t_step = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             embeds, mask, labels = make_batch(model, proc, rows, cache_dir)
+            t_fwd = time.perf_counter()
             loss = loss_fn(model, embeds, mask, labels)
         opt.zero_grad(set_to_none=True)
+        t_bwd = time.perf_counter()
         loss.backward()
+        t_opt = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(proj + lora, 1.0)
         opt.step()
         sched.step()
+        t_end = time.perf_counter()
         step += 1
         ema = loss.item() if ema is None else 0.9 * ema + 0.1 * loss.item()
         bar.update(1)
         bar.set_postfix(loss=f"{ema:.3f}")
         rec = {"step": step, "loss": loss.item(), "ema": ema, "wall_s": time.time() - t0,
-               "lr": sched.get_last_lr()[0]}
+               "lr": sched.get_last_lr()[0], "s_batch": t_fwd - t_step, "s_fwd": t_bwd - t_fwd,
+               "s_bwd": t_opt - t_bwd, "s_opt": t_end - t_opt}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
                 wer, hyps = dev_wer(model, proc, dev_rows)
