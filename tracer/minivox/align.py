@@ -64,13 +64,21 @@ class CTCHead(nn.Module):
     at the token's embedding.
     """
 
-    def __init__(self, emb_rows: torch.Tensor, scale: float = 20.0) -> None:
+    def __init__(self, emb_rows: torch.Tensor, scale: float | None = 20.0) -> None:
         super().__init__()
-        self.register_buffer("emb", F.normalize(emb_rows, dim=-1))  # (V, 576), frozen
-        self.blank = nn.Parameter(F.normalize(torch.randn(emb_rows.shape[1]), dim=0))
         self.scale = scale
+        if scale is None:  # dot products with a learned temperature (the first run; see above)
+            self.register_buffer("emb", emb_rows)
+            self.blank = nn.Parameter(torch.zeros(emb_rows.shape[1]))
+            self.log_scale = nn.Parameter(torch.tensor(0.0))
+        else:
+            self.register_buffer("emb", F.normalize(emb_rows, dim=-1))  # (V, 576), frozen
+            self.blank = nn.Parameter(F.normalize(torch.randn(emb_rows.shape[1]), dim=0))
 
     def forward(self, y: torch.Tensor) -> torch.Tensor:
+        if self.scale is None:
+            w = torch.cat([self.blank[None], self.emb.to(y.dtype)])
+            return (y @ w.T) * self.log_scale.exp()
         w = torch.cat([F.normalize(self.blank, dim=0)[None], self.emb])
         return F.normalize(y, dim=-1) @ w.T * self.scale
 
@@ -131,7 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--max-minutes", type=float, default=60.0)
-    ap.add_argument("--scale", type=float, default=20.0, help="fixed CTC logit scale (cosine x scale)")
+    ap.add_argument("--scale", type=float, default=20.0,
+                    help="fixed CTC logit scale (cosine x scale); 0: dot products with a learned "
+                         "temperature (the first, unreadable variant; kept to reproduce it)")
     ap.add_argument("--init", type=Path, default=None, help="start from these projector weights")
     ap.add_argument("--stop-step", type=int, default=None,
                     help="stop after this step (the lr schedule still spans --epochs)")
@@ -170,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         w = load_file(str(a.init))
         proj[0].weight.data.copy_(w["linear_1.weight"])
         proj[2].weight.data.copy_(w["linear_2.weight"])
-    head = CTCHead(emb[vocab_t], a.scale)
+    head = CTCHead(emb[vocab_t], a.scale or None)
     params = list(proj.parameters()) + list(head.parameters())
     opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.01)
     per_epoch = len(length_batches(train, a.batch_tokens, np.random.default_rng(0)))
