@@ -109,18 +109,14 @@ def length_batches(items, batch_tokens: int, rng: np.random.Generator) -> list[n
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def load_split(data: Path, splits: list[str], tok, cache: Path, encode=None):
-    """(features fp16 (T, 1536), target ids, text) per clip with a cached encoder output."""
+def load_split(data: Path, splits: list[str], tok, cache: Path, encode):
+    """(features fp16 (T, 1536), target ids, text) per clip; ``encode(row)`` computes (and
+    caches) the encoder output of a clip that is not in ``cache`` yet."""
     items = []
     for split in splits:
         for r in tqdm(read_manifest(data, split).to_dicts(), desc=f"load {split}", mininterval=10):
             f = cache / f"{r['id']}.npy"
-            if f.is_file():
-                h = np.load(f)
-            elif encode is not None:
-                h = encode(r).numpy().astype(np.float16)
-            else:
-                continue
+            h = np.load(f) if f.is_file() else encode(r).numpy().astype(np.float16)
             x = h.reshape(-1, ENCODER_DIM * FRAMES_PER_TOKEN)
             x = x[: valid_tokens(r["duration"], x.shape[0])]
             items.append((torch.from_numpy(np.ascontiguousarray(x)), ctc_targets(r["text"], tok),
@@ -162,10 +158,13 @@ def main(argv: list[str] | None = None) -> None:
         emb = f.get_tensor(key).float()
 
     cache = a.data / "enc_cache"
-    train = load_split(a.data, ["train", "train_long"], tok, cache)
-    model, proc = build_base(seed=a.seed)  # only its encoder is used, to cache the dev clips
-    dev = load_split(a.data, ["dev"], tok, cache,
-                     encode=lambda r: encoder_cache(model, proc, r, cache))
+    model, proc = build_base(seed=a.seed)  # only its encoder: clips not in the cache yet
+
+    def encode(row: dict) -> torch.Tensor:
+        return encoder_cache(model, proc, row, cache)
+
+    train = load_split(a.data, ["train", "train_long"], tok, cache, encode)
+    dev = load_split(a.data, ["dev"], tok, cache, encode)
     model = None
     vocab = sorted({t for _, ids, _ in train for t in ids})
     index = {t: i + 1 for i, t in enumerate(vocab)}  # 0 = blank
