@@ -139,11 +139,6 @@ def trainable(model) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]
     return proj, lora
 
 
-def train_rows_for_init(data: Path, n: int = 16) -> list[dict]:
-    """The first ``n`` training clips (used to measure the projector's output scale)."""
-    return read_manifest(data, "train").to_dicts()[:n]
-
-
 @torch.no_grad()
 def match_embedding_norm(model, proc, rows: list[dict], cache_dir: Path) -> float:
     """Scale the projector's last layer so its mean output norm on ``rows`` equals the mean
@@ -219,11 +214,12 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
     step, best = 0, float("inf")
+    train_rows = read_manifest(data, "train").to_dicts()
     if init_projector is not None:
         from safetensors.torch import load_file
 
         model.model.multi_modal_projector.load_state_dict(load_file(str(init_projector)))
-        factor = match_embedding_norm(model, proc, train_rows_for_init(data), data / "enc_cache")
+        factor = match_embedding_norm(model, proc, train_rows[:16], data / "enc_cache")
         print(f"projector initialised from {init_projector} (output scaled x{factor:.3f} to the "
               "decoder's mean embedding norm)", flush=True)
     last = run / "last.pt"
@@ -236,7 +232,6 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
         step, best = int(st["step"]), float(st["best"])
         print(f"resumed from {last} at step {step} (best dev WER {best:.4f})", flush=True)
 
-    train_rows = read_manifest(data, "train").to_dicts()
     dev_rows = read_manifest(data, "dev").to_dicts()[: cfg.eval_clips]
     cache_dir = data / "enc_cache"
     # Deterministic example order: epoch e uses permutation seeded by (seed, e).
