@@ -44,7 +44,7 @@ class MismatchStats:
     head_jaccard_min: float
     head_jaccard_max: float
     head_jaccard_below_01: float
-    speech_onset_index: int = 0
+    speech_onset_index: int = -1  # -1: the trace has no word timings
     prefill_first10_speech: float = float("nan")
     decode_first10_speech: float = float("nan")
 
@@ -87,13 +87,13 @@ def head_distributions(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return pre, dec
 
 
-def speech_onset(trace: Trace) -> int:
+def speech_onset(trace: Trace) -> int | None:
     """Index (within the audio) of the first audio token at or after the first word start;
-    0 when the trace has no word timing."""
+    None when the trace has no word timing."""
     pos = trace.positions
     ws = pos["word_start_s"].drop_nulls()
     if ws.len() == 0:
-        return 0
+        return None
     t0 = float(ws.min())
     starts = pos["audio_start_s"].to_numpy()[trace.audio_positions]
     return int(np.searchsorted(starts, t0 - 1e-9))
@@ -110,6 +110,7 @@ def mismatch(trace: Trace) -> MismatchStats:
         for layer in range(pre_h.shape[0]) for kv in range(pre_h.shape[1])
     ])
     onset = speech_onset(trace)
+    nan = float("nan")
     return MismatchStats(
         n_audio=n,
         prefill_first10=_first_frac(pre, 0.1),
@@ -122,7 +123,7 @@ def mismatch(trace: Trace) -> MismatchStats:
         head_jaccard_min=float(per_head.min()),
         head_jaccard_max=float(per_head.max()),
         head_jaccard_below_01=float((per_head < 0.1).mean()),
-        speech_onset_index=onset,
-        prefill_first10_speech=_first_frac(pre, 0.1, onset),
-        decode_first10_speech=_first_frac(dec, 0.1, onset),
+        speech_onset_index=-1 if onset is None else onset,
+        prefill_first10_speech=nan if onset is None else _first_frac(pre, 0.1, onset),
+        decode_first10_speech=nan if onset is None else _first_frac(dec, 0.1, onset),
     )

@@ -11,26 +11,41 @@ from rich.table import Table
 
 
 def mismatch(traces: Annotated[list[Path], typer.Argument(help="Traces or folders of traces")]) -> None:
-    """Mass in the first 10% / half of the audio at prefill vs decode, top-K Jaccard, per-head
-    Jaccard, next to the WnW paper's Voxtral figures."""
+    """Mass in the first 10% / half of the audio at prefill vs decode (and in the first 10% of
+    the speech, from the first word's onset, when the trace has word timings), top-K Jaccard,
+    per-head Jaccard, next to the WnW paper's Voxtral figures."""
     from kvsim.trace.reader import Trace, find_traces
     from studies.mismatch import PAPER_VOXTRAL
     from studies.mismatch import mismatch as measure
 
-    table = Table(title="WnW §2.1 mismatch")
-    cols = [("prefill_first10", "prefill first 10%"), ("prefill_first_half", "prefill first half"),
-            ("decode_first10", "decode first 10%"), ("decode_first_half", "decode first half"),
-            ("jaccard_top100", "J@100"), ("jaccard_top500", "J@500"),
-            ("head_jaccard_min", "head J min"), ("head_jaccard_max", "head J max"),
-            ("head_jaccard_below_01", "heads J<0.1")]
-    table.add_column("trace")
-    for _, h in cols:
-        table.add_column(h, justify="right")
-    table.add_row("WnW paper (Voxtral)", *[f"{PAPER_VOXTRAL[k if k != 'head_jaccard_below_01' else 'head_jaccard_below_0.1']:.3f}" for k, _ in cols])
-    for path in find_traces(traces):
-        s = measure(Trace(path)).as_dict()
-        table.add_row(path.name, *[f"{s[k]:.3f}" for k, _ in cols])
+    cols = [("prefill_first10", "prefill mass, first 10% of audio"),
+            ("prefill_first_half", "prefill mass, first half"),
+            ("decode_first10", "decode mass, first 10% of audio"),
+            ("decode_first_half", "decode mass, first half"),
+            ("prefill_first10_speech", "prefill mass, first 10% of speech"),
+            ("decode_first10_speech", "decode mass, first 10% of speech"),
+            ("jaccard_top100", "top-100 Jaccard"), ("jaccard_top500", "top-500 Jaccard"),
+            ("head_jaccard_min", "per-head Jaccard, min"),
+            ("head_jaccard_max", "per-head Jaccard, max"),
+            ("head_jaccard_below_01", "share of heads with Jaccard < 0.1")]
+    paper = {**PAPER_VOXTRAL, "head_jaccard_below_01": PAPER_VOXTRAL["head_jaccard_below_0.1"]}
+    stats = {path.name: measure(Trace(path)).as_dict() for path in find_traces(traces)}
+    table = Table(title="WnW §2.1 prefill-decode mismatch")
+    table.add_column("statistic")
+    table.add_column("WnW paper (Voxtral)", justify="right")
+    for name in stats:
+        table.add_column(name, justify="right", overflow="fold")
+    for key, label in cols:
+        table.add_row(label, _fmt(paper.get(key)), *[_fmt(s[key]) for s in stats.values()])
     Console().print(table)
+    Console().print("'of speech' starts at the first word's onset (trace word timings); "
+                    "n/a when the trace has none.")
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "not reported"
+    return "n/a" if x != x else f"{x:.3f}"
 
 
 def register(app: typer.Typer) -> None:

@@ -59,6 +59,10 @@ class TrainConfig:
     bf16: bool = True
     p_long: float = 0.25  # share of steps on 30-60 s (two-window) clips, batch // 2 of them
     threads: int = 1  # torch intra-op threads
+    # share of steps on one long-form example: 2..concat_max train_long clips joined end to end
+    # (60-240 s, the 1-4 min test range), so the decoder sees long audio spans and long answers
+    p_concat: float = 0.0
+    concat_max: int = 4
 
 
 def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
@@ -79,13 +83,25 @@ def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
     return h.to(torch.float16).to(torch.float32)
 
 
+def joined_row(parts: list[dict]) -> dict:
+    """One long-form example made of clips played back to back (their texts joined)."""
+    return {"parts": parts, "text": " ".join(p["text"] for p in parts)}
+
+
+def example_encoding(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
+    """Encoder output of a manifest row, or of a :func:`joined_row` (windows concatenated)."""
+    if "parts" in row:
+        return torch.cat([encoder_cache(model, proc, p, cache_dir) for p in row["parts"]])
+    return encoder_cache(model, proc, row, cache_dir)
+
+
 def make_batch(model, proc, rows: list[dict], cache_dir: Path):
     """Inputs embeds, attention mask, and (positions, labels) of the scored tokens."""
     tok = proc.tokenizer
     end_id = tok.convert_tokens_to_ids("<|im_end|>")
     seqs, audio_feats = [], []
     for r in rows:
-        enc = encoder_cache(model, proc, r, cache_dir)
+        enc = example_encoding(model, proc, r, cache_dir)
         n_audio = enc.shape[0] // 4
         prompt = tok(proc.transcription_prompt(n_audio), add_special_tokens=False)["input_ids"]
         target = tok(r["text"], add_special_tokens=False)["input_ids"] + [end_id]
@@ -235,13 +251,19 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     dev_rows = read_manifest(data, "dev").to_dicts()[: cfg.eval_clips]
     cache_dir = data / "enc_cache"
     # Deterministic example order: epoch e uses permutation seeded by (seed, e).
-    long_rows = read_manifest(data, "train_long").to_dicts() if cfg.p_long > 0 else []
+    long_rows = (read_manifest(data, "train_long").to_dicts()
+                 if cfg.p_long + cfg.p_concat > 0 else [])
 
     def batch_rows(s: int) -> list[dict]:
         rng = np.random.default_rng([cfg.seed, s, 7])
-        if long_rows and rng.random() < cfg.p_long:  # a multi-window (30-60 s) batch
+        u = rng.random() if long_rows else 1.0
+        if u < cfg.p_long:  # a multi-window (30-60 s) batch
             idx = rng.choice(len(long_rows), size=max(1, cfg.batch // 2), replace=False)
             return [long_rows[i] for i in idx]
+        if u < cfg.p_long + cfg.p_concat:  # one long-form (60-240 s) example
+            k = int(rng.integers(2, cfg.concat_max + 1))
+            idx = rng.choice(len(long_rows), size=k, replace=False)
+            return [joined_row([long_rows[i] for i in idx])]
         out = []
         for j in range(cfg.batch):
             k = s * cfg.batch + j
