@@ -205,12 +205,19 @@ def test_snapkv_beats_random_choice_on_window_attention(small_trace: Trace) -> N
 
 
 def test_sharing_logits_gives_same_results_as_separate_runs(small_trace: Trace) -> None:
-    specs = [PolicySpec("snapkv", 0.3), PolicySpec("streaming", 0.5)]
+    """A run's metrics do not depend on the runs replayed with it, up to float32 rounding
+    (the kept mass and output of all runs are one matrix product per KV-head, whose
+    summation order may depend on its width). Decisions, counts and r_GPU are identical."""
+    specs = [PolicySpec("snapkv", 0.3), PolicySpec("streaming", 0.5), PolicySpec("full", 1.0)]
     together = replay_trace(small_trace, specs)
     for spec, joint in zip(specs, together, strict=True):
         (alone,) = replay_trace(small_trace, [spec])
-        for key in ("attn_recall", "output_error", "topk_jaccard", "r_gpu"):
-            assert alone.summary[key] == pytest.approx(joint.summary[key], rel=1e-9)
+        for key in ("attn_recall", "output_error", "topk_jaccard"):
+            assert alone.summary[key] == pytest.approx(joint.summary[key], rel=1e-6, abs=1e-9)
+        assert alone.summary["r_gpu"] == joint.summary["r_gpu"]
+        assert alone.step_log.equals(joint.step_log)
+    full = together[-1].summary  # the full mask comes out of the same product as the full mass
+    assert full["attn_recall"] == 1.0 and full["output_error"] == 0.0 and full["topk_jaccard"] == 1.0
 
 
 def test_transfers_and_step_log(small_trace: Trace) -> None:

@@ -283,14 +283,16 @@ class Replayer:
         n_prefill = self.trace.meta.n_prefill
         ai = self.audio_index
         kv_of_q = np.arange(Hq)[:, None] // g  # (H_q, 1): KV-head read by each q-head
-        ones_a = np.ones((Hkv, Ta, 1), dtype=np.float32)
         # Every run's GPU mask lives in one array so that the metrics of all runs are computed
         # by a handful of batched numpy calls per layer and step, whatever the number of runs.
         # For a query-aware run the slot of a layer holds, during the step, what its select()
         # read there (written before use); its tiers live in run.tiers / run.gpu.
         R = len(runs)
         # Layer-major, so that what a layer reads of every run is one contiguous block.
-        masks = np.zeros((L, R, Hkv, Ta), dtype=np.float32)
+        # slot R holds ones: the full audio mass comes out of the same product as every run's
+        # kept mass (same kernel, same summation), so the recall of a full mask is exactly 1
+        masks = np.zeros((L, R + 1, Hkv, Ta), dtype=np.float32)
+        masks[:, R] = 1.0
         resident = np.zeros((L, R, Hkv), dtype=np.int64)
         for r, run in enumerate(runs):
             masks[:, r], resident[:, r] = run.gpuf, run.n_res
@@ -334,8 +336,12 @@ class Replayer:
         step_jaccard = np.zeros((R, self.n_steps))
         err_sum = np.zeros(R)
         err_n = 0
-        top_onehot = np.zeros((Hkv, g, Ta), dtype=np.float32)
-        q_rows = np.arange(Hq)[:, None]
+        # left operand of the one product per layer and step that gives every run's kept mass
+        # and top-K hits: rows [0, g) of KV-head k hold its q-heads' audio attention, rows
+        # [g, 2g) the one-hot of their top-K positions
+        lhs = np.zeros((Hkv, 2 * g, Ta), dtype=np.float32)
+        lhs_att, lhs_top = lhs[:, :g], lhs[:, g:]
+        top_kv, top_row = (np.arange(Hq) // g)[:, None], (g + np.arange(Hq) % g)[:, None]
         for s in range(self.n_steps):
             p = n_prefill + s
             qrow = self.trace.query_index(p)
@@ -349,15 +355,25 @@ class Replayer:
                 q = queries[layer]
                 P = softmax_(gqa_logits(q, self.keys32[layer][:, : p + 1]))  # (H_q, p+1)
                 Pa3 = P[:, ai].reshape(Hkv, g, Ta)  # a view when the audio is contiguous
-                # same summation (mat-vec) as the kept mass below, so recall of a full mask is 1.0
-                mass_a = np.matmul(Pa3, ones_a).reshape(Hq)
-                M = masks[layer]  # (R, H_kv, T_a), a contiguous view
+                M1 = masks[layer]  # (R + 1, H_kv, T_a), a contiguous view; M1[R] is all ones
+                M = M1[:R]
                 n_res = resident[layer]  # (R, H_kv)
                 if per_layer:
                     self._select(per_layer, qa_idx, s, layer, q, M, n_res, checked)
                 read += n_res.sum(-1)
-                # kept audio mass of every run and q-head: one broadcast mat-vec
-                mass_k = np.matmul(Pa3[None], M[..., None]).reshape(R, Hq)
+                # kept audio mass and top-K hits of every run and q-head, and the full audio
+                # mass (slot R): one (2g, T_a) x (T_a, R + 1) product per KV-head.
+                # The top-K Jaccard: the compressed ranking is the full one restricted to the
+                # resident set, so |top_full ∩ top_comp| = resident hits of top_full (sums of
+                # 0/1, exact in float32).
+                lhs_att[...] = Pa3
+                if k_top < Ta:
+                    top = np.argpartition(-Pa3.reshape(Hq, Ta), k_top - 1, axis=-1)[:, :k_top]
+                    lhs_top.fill(0.0)
+                    lhs[top_kv, top_row, top] = 1.0
+                prod = np.matmul(lhs, M1.transpose(1, 2, 0))  # (H_kv, 2g, R + 1)
+                mass = prod[:, :g].reshape(Hq, R + 1).T
+                mass_k, mass_a = mass[:R], mass[R]
                 with np.errstate(invalid="ignore", divide="ignore"):
                     recall = np.where(mass_a > 0, mass_k / mass_a, 1.0)
                 recall_sum[:, layer] += recall
@@ -371,28 +387,23 @@ class Replayer:
                     kept /= z[fill_runs].reshape(len(fill_runs), Hkv, g, 1)
                     if not slot:
                         buffers[fill_rows, layer] = kept
-                # top-K Jaccard: the compressed ranking is the full one restricted to the
-                # resident set, so |top_full ∩ top_comp| = resident hits of top_full
                 n_res_q = n_res[:, kv_of_q[:, 0]]  # (R, H_q)
-                if k_top < Ta:
-                    top = np.argpartition(-Pa3.reshape(Hq, Ta), k_top - 1, axis=-1)[:, :k_top]
-                    # hits[r, h] = sum over h's top-K of M[r, kv(h)]: 0/1 sums, exact in float32
-                    top_onehot.fill(0.0)
-                    top_onehot.reshape(Hq, Ta)[q_rows, top] = 1.0
-                    # (H_kv, g, T_a) @ (H_kv, T_a, R): one product per KV-head for all runs
-                    hits = np.matmul(top_onehot, M.transpose(1, 2, 0)).reshape(Hq, R).T
-                else:
-                    hits = n_res_q
+                hits = prod[:, g:, :R].reshape(Hq, R).T if k_top < Ta else n_res_q
                 kc = np.minimum(k_top, n_res_q)
                 step_jaccard[:, s] += (hits / np.maximum(k_top + kc - hits, 1)).mean(-1)
                 if want_err:
                     V = self.values32[layer]
                     Va = V[:, ai]  # (H_kv, T_a, D)
                     out_na = np.matmul(P[:, na].reshape(Hkv, g, -1), V[:, : p + 1][:, na])
-                    out_full = (out_na + np.matmul(Pa3, Va)).reshape(Hq, -1)
+                    # kept attention of every run and of the full mask (slot R), KV-head-major
+                    # so that each KV-head's output for all of them is one
+                    # ((R + 1)·g, T_a) x (T_a, D) product: a full mask's error is exactly 0
+                    kept = Pa3[:, None] * M1.transpose(1, 0, 2)[:, :, None, :]  # (H_kv, R+1, g, T_a)
+                    out_k = np.matmul(kept.reshape(Hkv, (R + 1) * g, Ta), Va)
+                    out_all = out_na[None] + out_k.reshape(Hkv, R + 1, g, -1).transpose(1, 0, 2, 3)
+                    out_full = out_all[R].reshape(Hq, -1)
                     norm_full = np.maximum(np.linalg.norm(out_full, axis=-1), 1e-30)
-                    kept = Pa3[None] * M[:, :, None, :]  # (R, H_kv, g, T_a)
-                    out_c = (out_na[None] + np.matmul(kept, Va[None])).reshape(R, Hq, -1) / z[..., None]
+                    out_c = out_all[:R].reshape(R, Hq, -1) / z[..., None]
                     err_sum += (np.linalg.norm(out_c - out_full, axis=-1) / norm_full).mean(-1)
             if want_err:
                 err_n += L
