@@ -95,6 +95,33 @@ def example_encoding(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
     return encoder_cache(model, proc, row, cache_dir)
 
 
+def batch_rows(step: int, cfg: TrainConfig, train_rows: list[dict],
+               long_rows: list[dict]) -> list[dict]:
+    """The manifest rows of training step ``step``, a deterministic function of the seed.
+
+    With probability ``p_long`` a batch of ``batch // 2`` 30-60 s clips; with probability
+    ``p_concat`` one long-form example of 2..``concat_max`` such clips joined end to end
+    (:func:`joined_row`); otherwise ``batch`` short clips in the order of a permutation of the
+    train split drawn per epoch from ``(seed, epoch)``.
+    """
+    rng = np.random.default_rng([cfg.seed, step, 7])
+    u = rng.random() if long_rows else 1.0
+    if u < cfg.p_long:  # a multi-window (30-60 s) batch
+        idx = rng.choice(len(long_rows), size=max(1, cfg.batch // 2), replace=False)
+        return [long_rows[i] for i in idx]
+    if u < cfg.p_long + cfg.p_concat:  # one long-form (60-240 s) example
+        k = int(rng.integers(2, cfg.concat_max + 1))
+        idx = rng.choice(len(long_rows), size=k, replace=False)
+        return [joined_row([long_rows[i] for i in idx])]
+    out = []
+    for j in range(cfg.batch):
+        k = step * cfg.batch + j
+        epoch, i = divmod(k, len(train_rows))
+        perm = np.random.default_rng([cfg.seed, epoch]).permutation(len(train_rows))
+        out.append(train_rows[perm[i]])
+    return out
+
+
 def make_batch(model, proc, rows: list[dict], cache_dir: Path):
     """Inputs embeds, attention mask, and (positions, labels) of the scored tokens."""
     tok = proc.tokenizer
@@ -250,27 +277,11 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
 
     dev_rows = read_manifest(data, "dev").to_dicts()[: cfg.eval_clips]
     cache_dir = data / "enc_cache"
-    # Deterministic example order: epoch e uses permutation seeded by (seed, e).
     long_rows = (read_manifest(data, "train_long").to_dicts()
                  if cfg.p_long + cfg.p_concat > 0 else [])
 
-    def batch_rows(s: int) -> list[dict]:
-        rng = np.random.default_rng([cfg.seed, s, 7])
-        u = rng.random() if long_rows else 1.0
-        if u < cfg.p_long:  # a multi-window (30-60 s) batch
-            idx = rng.choice(len(long_rows), size=max(1, cfg.batch // 2), replace=False)
-            return [long_rows[i] for i in idx]
-        if u < cfg.p_long + cfg.p_concat:  # one long-form (60-240 s) example
-            k = int(rng.integers(2, cfg.concat_max + 1))
-            idx = rng.choice(len(long_rows), size=k, replace=False)
-            return [joined_row([long_rows[i] for i in idx])]
-        out = []
-        for j in range(cfg.batch):
-            k = s * cfg.batch + j
-            epoch, i = divmod(k, len(train_rows))
-            perm = np.random.default_rng([cfg.seed, epoch]).permutation(len(train_rows))
-            out.append(train_rows[perm[i]])
-        return out
+    def rows_of(s: int) -> list[dict]:
+        return batch_rows(s, cfg, train_rows, long_rows)
 
     log = (run / "log.jsonl").open("a")
     t0 = time.time()
@@ -278,7 +289,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     bar = tqdm(total=cfg.steps, initial=step, desc="train", mininterval=10)
     ema = None
     while step < cfg.steps:
-        rows = batch_rows(step)
+        rows = rows_of(step)
         t_step = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             embeds, mask, labels = make_batch(model, proc, rows, cache_dir)
