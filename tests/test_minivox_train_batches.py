@@ -73,3 +73,40 @@ def test_joined_example_encoding_is_the_clips_back_to_back(tmp_path) -> None:
     np.testing.assert_array_equal(out.numpy(), np.concatenate(list(encs.values())).astype(np.float32))
     single = example_encoding(None, None, LONG[1], tmp_path)
     np.testing.assert_array_equal(single.numpy(), encs[LONG[1]["id"]].astype(np.float32))
+
+
+def _average_worker(rank: int, port: int, out: str) -> None:
+    import os
+
+    import torch
+
+    from tracer.minivox.train import average_across_ranks, data_parallel
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank))
+    world, got_rank = data_parallel()
+    assert (world, got_rank) == (2, rank)
+    a = torch.nn.Parameter(torch.zeros(3))
+    b = torch.nn.Parameter(torch.zeros(2, 2))
+    a.grad = torch.full((3,), float(rank + 1))  # rank 0: 1, rank 1: 2
+    b.grad = None if rank == 0 else torch.full((2, 2), 4.0)  # an unused parameter on rank 0
+    loss, flag = average_across_ranks([a, b], 10.0 * (rank + 1), float(rank == 1))
+    torch.save({"a": a.grad, "b": b.grad, "loss": loss, "flag": flag}, f"{out}/{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_data_parallel_averages_gradients_and_scalars(tmp_path) -> None:
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_average_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        r = torch.load(tmp_path / f"{rank}.pt")
+        assert torch.equal(r["a"], torch.full((3,), 1.5))
+        assert torch.equal(r["b"], torch.full((2, 2), 2.0))  # (0 + 4) / 2
+        assert r["loss"] == 15.0
+        assert r["flag"] == 0.5  # one rank out of time: every rank sees > 0 and stops

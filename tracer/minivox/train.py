@@ -223,12 +223,48 @@ def export(run: Path, cfg: TrainConfig, model, step: int, wer: float, name: str)
     return out
 
 
+def data_parallel() -> tuple[int, int]:
+    """``(world_size, rank)``: under ``torchrun --nproc-per-node N`` the processes join a gloo
+    group (CPU data parallelism, one core each); otherwise ``(1, 0)``."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 1, 0
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    return dist.get_world_size(), dist.get_rank()
+
+
+def average_across_ranks(params: list[torch.nn.Parameter], *scalars: float) -> list[float]:
+    """Average the gradients of ``params`` and the ``scalars`` over the process group, in one
+    all-reduce; returns the averaged scalars."""
+    import torch.distributed as dist
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1).float() for g in grads] + [torch.tensor(scalars, dtype=torch.float32)])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    off = 0
+    for p, g in zip(params, grads, strict=True):
+        p.grad = flat[off : off + g.numel()].view_as(g).to(g.dtype).clone()
+        off += g.numel()
+    return flat[off:].tolist()
+
+
 def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
           init_projector: Path | None = None) -> None:
+    """Stage 2: projector + LoRA, end to end on the transcription loss.
+
+    Under ``torchrun --nproc-per-node W`` each step is W sub-batches, one per process
+    (sub-batch ``step * W + rank`` of the single-process schedule), with averaged gradients.
+    """
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
+    world, rank = data_parallel()
+    lead = rank == 0  # writes the log, checkpoints and exports
     run.mkdir(parents=True, exist_ok=True)
-    (run / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
+    if lead:
+        (run / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
     model, proc = build_base(seed=cfg.seed)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -263,8 +299,9 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
 
         model.model.multi_modal_projector.load_state_dict(load_file(str(init_projector)))
         factor = match_embedding_norm(model, proc, train_rows[:16], data / "enc_cache")
-        print(f"projector initialised from {init_projector} (output scaled x{factor:.3f} to the "
-              "decoder's mean embedding norm)", flush=True)
+        if lead:
+            print(f"projector initialised from {init_projector} (output scaled x{factor:.3f} to "
+                  "the decoder's mean embedding norm)", flush=True)
     last = run / "last.pt"
     if last.is_file():
         st = torch.load(last, weights_only=True)
@@ -273,7 +310,8 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
         opt.load_state_dict(st["opt"])
         sched.load_state_dict(st["sched"])
         step, best = int(st["step"]), float(st["best"])
-        print(f"resumed from {last} at step {step} (best dev WER {best:.4f})", flush=True)
+        if lead:
+            print(f"resumed from {last} at step {step} (best dev WER {best:.4f})", flush=True)
 
     dev_rows = read_manifest(data, "dev").to_dicts()[: cfg.eval_clips]
     cache_dir = data / "enc_cache"
@@ -283,13 +321,13 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     def rows_of(s: int) -> list[dict]:
         return batch_rows(s, cfg, train_rows, long_rows)
 
-    log = (run / "log.jsonl").open("a")
+    log = (run / "log.jsonl").open("a") if lead else None
     t0 = time.time()
     model.train()
-    bar = tqdm(total=cfg.steps, initial=step, desc="train", mininterval=10)
+    bar = tqdm(total=cfg.steps, initial=step, desc="train", mininterval=10, disable=not lead)
     ema = None
     while step < cfg.steps:
-        rows = rows_of(step)
+        rows = rows_of(step * world + rank)
         t_step = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             embeds, mask, labels = make_batch(model, proc, rows, cache_dir)
@@ -298,18 +336,26 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
         opt.zero_grad(set_to_none=True)
         t_bwd = time.perf_counter()
         loss.backward()
+        loss_value = loss.item()
+        out_of_time = float((time.time() - t0) / 60 > cfg.max_minutes)
+        if world > 1:  # every rank stops at the same step
+            loss_value, out_of_time = average_across_ranks(proj + lora, loss_value, out_of_time)
         t_opt = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(proj + lora, 1.0)
         opt.step()
         sched.step()
         t_end = time.perf_counter()
         step += 1
-        ema = loss.item() if ema is None else 0.9 * ema + 0.1 * loss.item()
+        ema = loss_value if ema is None else 0.9 * ema + 0.1 * loss_value
         bar.update(1)
         bar.set_postfix(loss=f"{ema:.3f}")
-        rec = {"step": step, "loss": loss.item(), "ema": ema, "wall_s": time.time() - t0,
+        if not lead:
+            if out_of_time:
+                break
+            continue
+        rec = {"step": step, "loss": loss_value, "ema": ema, "wall_s": time.time() - t0,
                "lr": sched.get_last_lr()[0], "s_batch": t_fwd - t_step, "s_fwd": t_bwd - t_fwd,
-               "s_bwd": t_opt - t_bwd, "s_opt": t_end - t_opt}
+               "s_bwd": t_opt - t_bwd, "s_opt": t_end - t_opt, "world": world}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
                 wer, hyps = dev_wer(model, proc, dev_rows)
@@ -324,13 +370,13 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
         if step % cfg.ckpt_every == 0 or step == cfg.steps:
             export(run, cfg, model, step, best, "last.safetensors")
             save_ckpt(last, model, opt, sched, step, best, cfg)
-        if (time.time() - t0) / 60 > cfg.max_minutes:
+        if out_of_time:
             print(f"\nstopping at step {step}: --max-minutes reached", flush=True)
             save_ckpt(last, model, opt, sched, step, best, cfg)
             export(run, cfg, model, step, best, "last.safetensors")
             break
     bar.close()
-    if export_to is not None:
+    if export_to is not None and lead:
         src = run / "best.safetensors"
         if not src.is_file():
             src = run / "last.safetensors"
