@@ -95,3 +95,28 @@ def test_simulator_consumes_live_step_logs(tmp_path):
     res = CliRunner().invoke(app, ["simulate", str(tmp_path / "live"), "--gpu", "h100-sxm"])
     assert res.exit_code == 0, res.output
     assert "a__none__wnw__0.2" in res.output and "a__none__full__1" in res.output
+
+
+def test_live_cli_longspeech_translation_rows_are_scored_with_bleu(tmp_path):
+    import json
+
+    root = tmp_path / "longspeech"
+    meta = root / "LongSpeechQA" / "translation" / "test.jsonl"
+    meta.parent.mkdir(parents=True)
+    rows = []
+    for i, lang in enumerate(("en2fr", "en2de")):
+        audio = f"LongSpeech_p2/wavs/part_00/{i:06d}.wav"
+        (root / audio).parent.mkdir(parents=True, exist_ok=True)
+        sf.write(str(root / audio), (0.05 * np.random.default_rng(i).standard_normal(16000 * 3)).astype(np.float32), 16000)
+        rows.append(json.dumps({"task": "translation", "language": lang, "messages": [
+            {"role": "user", "audio": audio, "content": "Translate the speech into French."},
+            {"role": "assistant", "content": "bonjour tout le monde"}]}))
+    meta.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["live", "--dataset", "longspeech", str(root), "--split", "translation:en2fr",
+                                   "--language", "fr", "--model", "tiny", "-p", "full",
+                                   "--max-new-tokens", "4", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    runs = pl.read_parquet(out / "runs.parquet")
+    assert runs.height == 1 and runs["input"].to_list() == ["translation-000000"]
+    assert "bleu" in runs.columns and runs["bleu"][0] is not None

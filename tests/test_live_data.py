@@ -135,3 +135,53 @@ def test_load_audio_resamples_and_downmixes(tmp_path):
 def test_unknown_dataset_kind(tmp_path):
     with pytest.raises(DataError, match="choose one of"):
         load_dataset("tedlium", tmp_path)
+
+
+def _longspeech(root, task, rows):
+    import json
+
+    meta = root / "LongSpeechQA" / task / "test.jsonl"
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, (lang, ref) in enumerate(rows):
+        audio = f"LongSpeech_p1/wavs/part_00/{task}{i:06d}.wav"
+        _wav(root / audio, seconds=0.5)
+        lines.append(json.dumps({"task": task, "language": lang, "messages": [
+            {"role": "user", "audio": audio, "content": "Transcribe the audio."},
+            {"role": "assistant", "content": ref}]}))
+    meta.write_text("\n".join(lines) + "\n")
+    return meta
+
+
+def test_longspeech_layout_task_and_language(tmp_path):
+    _longspeech(tmp_path, "ASR", [("en", "hello world"), ("fr", "bonjour le monde"), ("fr", "au revoir")])
+    _longspeech(tmp_path, "translation", [("en2fr", "bonjour"), ("en2de", "hallo")])
+    fr = load_dataset("longspeech", tmp_path, split="asr-fr")
+    assert [i.reference for i in fr] == ["bonjour le monde", "au revoir"]
+    assert [i.id for i in fr] == ["ASR-000001", "ASR-000002"]  # the row index in the task file
+    assert all(i.task == "transcribe" and i.audio_path.is_file() for i in fr)
+    assert len(load_dataset("longspeech", tmp_path, split="ASR")) == 3
+    assert len(load_dataset("longspeech", tmp_path, split="asr:FR", limit=1)) == 1
+    (tr,) = load_dataset("longspeech", tmp_path, split="translation:en2fr")
+    assert tr.task == "translate" and tr.reference == "bonjour"
+    audio, ref = tr.load()
+    assert len(audio) == 8000 and ref == "bonjour"
+
+
+def test_longspeech_errors_name_file_line_and_field(tmp_path):
+    meta = _longspeech(tmp_path, "ASR", [("fr", "un"), ("fr", "deux")])
+    with pytest.raises(DataError, match="languages present: fr"):
+        load_dataset("longspeech", tmp_path, split="ASR:de")
+    with pytest.raises(DataError, match="needs --split"):
+        load_dataset("longspeech", tmp_path)
+    with pytest.raises(DataError, match="task must be one of"):
+        load_dataset("longspeech", tmp_path, split="summary")
+    with pytest.raises(DataError, match="LongSpeechQA/translation/test.jsonl: not found"):
+        load_dataset("longspeech", tmp_path, split="translation")
+    lines = meta.read_text().splitlines()
+    meta.write_text(lines[0] + "\n" + lines[1].replace('"audio"', '"sound"') + "\n")
+    with pytest.raises(DataError, match=r"test.jsonl:2: field 'messages\[0\].audio'"):
+        load_dataset("longspeech", tmp_path, split="ASR")
+    meta.write_text(lines[0] + "\n{not json\n")
+    with pytest.raises(DataError, match="test.jsonl:2: not JSON"):
+        load_dataset("longspeech", tmp_path, split="ASR")

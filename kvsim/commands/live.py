@@ -26,12 +26,12 @@ def live(
     policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policies, comma-separated; name:key=value for hyperparameters; TRANSFORM/name for a transform+policy method (voxzip1/voxzip, affpool/full)")] = ["full"],  # noqa: B006
     budget: Annotated[str, typer.Option("--budget", "-b", help="Target r_GPU values, comma-separated")] = "1.0",
     reference: Annotated[list[str] | None, typer.Option("--reference", "-r", help="Reference text (or .txt file) per input, in order")] = None,
-    dataset: Annotated[str | None, typer.Option(help="Dataset layout: dir | librispeech-long | primock57 | manifest")] = None,
-    split: Annotated[str | None, typer.Option(help="Manifest split (manifest datasets)")] = None,
+    dataset: Annotated[str | None, typer.Option(help="Dataset layout: dir | librispeech-long | primock57 | longspeech | manifest")] = None,
+    split: Annotated[str | None, typer.Option(help="Manifest split (manifest datasets); LongSpeech TASK[:LANGUAGE], e.g. ASR:fr")] = None,
     limit: Annotated[int | None, typer.Option(help="Use only the first N inputs")] = None,
     max_seconds: Annotated[float | None, typer.Option(help="Crop audio (and reference) to this length")] = None,
     transform: Annotated[str, typer.Option(help="Input transforms, comma-separated: none, voxzip1, affpool[:retention]")] = "none",
-    task: Annotated[str, typer.Option(help="transcribe | translate (scored with sacreBLEU)")] = "transcribe",
+    task: Annotated[str | None, typer.Option(help="transcribe | translate (scored with sacreBLEU); default: the dataset's (LongSpeech translation rows), else transcribe")] = None,
     language: Annotated[str | None, typer.Option(help="Target language of --task translate (e.g. fr), source language otherwise")] = None,
     instruction: Annotated[str | None, typer.Option(help="Instruction text after the audio (overrides the task's)")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Stop after this many tokens")] = 400,
@@ -64,10 +64,11 @@ def live(
             if not inputs:
                 raise DataError("no inputs: give audio files/folders or --dataset KIND ROOT")
             items = from_paths(inputs, reference)[:limit] if limit else from_paths(inputs, reference)
-        if task not in ("transcribe", "translate"):
-            raise DataError(f"--task {task!r}: transcribe or translate")
-        for it in items:
-            it.task = task
+        if task is not None:
+            if task not in ("transcribe", "translate"):
+                raise DataError(f"--task {task!r}: transcribe or translate")
+            for it in items:
+                it.task = task
         scores = read_heads(calibration) if calibration else None
         lm = load_backbone(model, device=device, dtype=dtype)
     except (ValueError, KeyError, FileNotFoundError) as exc:

@@ -11,6 +11,16 @@ Layouts (``kvsim live --dataset KIND ROOT``):
   ``audio/dayD_consultationNN_{doctor,patient}.wav`` and
   ``transcripts/<same stem>.TextGrid`` (one IntervalTier of utterances; ``<UNSURE>x</UNSURE>``
   keeps ``x``, ``<UNIN/>`` and other tags are dropped). Each speaker channel is one input.
+* ``longspeech`` -- LongSpeech (Yang et al. 2026; Hugging Face ``ATH-MaaS/Marco_Longspeech``):
+  per-task metadata ``LongSpeechQA/<TASK>/test.jsonl``, one JSON object per line with
+  ``task``, ``language`` and ``messages`` = [user {``audio``: path relative to the dataset
+  root, e.g. ``LongSpeech_p1/wavs/part_00/000001.wav``, ``content``: the prompt}, assistant
+  {``content``: the reference}]. ``--split TASK[:LANGUAGE]`` picks the task file and filters
+  rows on their ``language`` field (``asr-fr`` is read as ``ASR:fr``); ``translation`` rows
+  are decoded with ``--task translate`` and scored with sacreBLEU. This layout is taken from
+  a public evaluation harness of the dataset, not from a local copy of it: the loader names
+  the file, line and field of anything that does not match, and lists the languages present
+  when a filter matches nothing.
 * ``manifest`` -- the project's espeak long-form sets: a ``manifest.parquet`` with columns
   ``audio_path`` (relative to the manifest's folder), ``text``, ``duration``, optionally
   ``id``, ``split``, ``words``, ``word_start``, ``word_end`` (tracer/minivox/data.py);
@@ -185,8 +195,67 @@ def from_manifest(path: Path, split: str | None = None) -> list[LiveInput]:
     return out
 
 
+LONGSPEECH_TASKS = {"ASR": "transcribe", "translation": "translate"}
+
+
+def parse_longspeech_split(split: str | None) -> tuple[str, str | None]:
+    """``TASK[:LANGUAGE]`` (or ``asr-LANG``) -> (task file name, language filter)."""
+    if not split:
+        raise DataError("--dataset longspeech needs --split TASK[:LANGUAGE], e.g. ASR:fr or "
+                        "translation:en2fr (tasks: " + ", ".join(LONGSPEECH_TASKS) + ")")
+    if split.lower().startswith("asr-"):
+        return "ASR", split[4:]
+    task, _, lang = split.partition(":")
+    task = {t.lower(): t for t in LONGSPEECH_TASKS}.get(task.lower(), task)
+    if task not in LONGSPEECH_TASKS:
+        raise DataError(f"--split {split!r}: LongSpeech task must be one of "
+                        f"{', '.join(LONGSPEECH_TASKS)} (speech-to-text tasks with a reference text)")
+    return task, lang or None
+
+
+def from_longspeech(root: Path, split: str | None) -> list[LiveInput]:
+    import json
+
+    task, lang = parse_longspeech_split(split)
+    meta = root / "LongSpeechQA" / task / "test.jsonl"
+    if not meta.is_file():
+        raise DataError(f"{meta}: not found (LongSpeech layout: LongSpeechQA/<TASK>/test.jsonl)")
+    out, seen = [], set()
+    for n, line in enumerate(meta.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{meta}:{n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: not JSON ({exc.msg})") from None
+        msgs = row.get("messages") if isinstance(row, dict) else None
+        if isinstance(msgs, str):  # some exports store the list as a JSON string
+            try:
+                msgs = json.loads(msgs)
+            except json.JSONDecodeError:
+                msgs = None
+        if not (isinstance(msgs, list) and len(msgs) >= 2 and all(isinstance(m, dict) for m in msgs[:2])):
+            raise DataError(f"{where}: field 'messages' must be a list [user, assistant]")
+        user, assistant = msgs[0], msgs[1]
+        audio, ref = user.get("audio"), assistant.get("content")
+        if not isinstance(audio, str) or not audio:
+            raise DataError(f"{where}: field 'messages[0].audio' (the audio path) is missing")
+        if not isinstance(ref, str):
+            raise DataError(f"{where}: field 'messages[1].content' (the reference) is missing")
+        row_lang = str(row.get("language", ""))
+        seen.add(row_lang)
+        if lang is not None and row_lang.lower() != lang.lower():
+            continue
+        out.append(LiveInput(f"{task}-{n - 1:06d}", root / audio, ref, task=LONGSPEECH_TASKS[task]))
+    if not out:
+        raise DataError(f"{meta}: no rows with language {lang!r}; languages present: "
+                        f"{', '.join(sorted(seen)) or 'none'}")
+    return out
+
+
 DATASETS = {"dir": from_dir, "librispeech-long": from_librispeech, "primock57": from_primock57,
-            "manifest": from_manifest}
+            "longspeech": from_longspeech, "manifest": from_manifest}
 
 
 def load_dataset(kind: str, root: Path, split: str | None = None, limit: int | None = None) -> list[LiveInput]:
@@ -195,7 +264,10 @@ def load_dataset(kind: str, root: Path, split: str | None = None, limit: int | N
         raise DataError(f"--dataset {kind!r}: choose one of {', '.join(DATASETS)}")
     if not root.exists():
         raise DataError(f"{root}: does not exist")
-    items = from_manifest(root, split) if kind == "manifest" else DATASETS[kind](root)
+    if kind in ("manifest", "longspeech"):
+        items = DATASETS[kind](root, split)
+    else:
+        items = DATASETS[kind](root)
     return items[:limit] if limit else items
 
 
