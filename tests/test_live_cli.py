@@ -120,3 +120,32 @@ def test_live_cli_longspeech_translation_rows_are_scored_with_bleu(tmp_path):
     runs = pl.read_parquet(out / "runs.parquet")
     assert runs.height == 1 and runs["input"].to_list() == ["translation-000000"]
     assert "bleu" in runs.columns and runs["bleu"][0] is not None
+
+
+def test_merge_live_shards(tmp_path):
+    """Two shards of a dataset run in separate processes merge into one Table 5."""
+    import runpy
+    import sys
+    from pathlib import Path
+
+    rng = np.random.default_rng(1)
+    for shard in ("a", "b"):
+        d = tmp_path / shard
+        d.mkdir()
+        sf.write(str(d / f"{shard}.wav"), (0.1 * rng.standard_normal(16000 * 4)).astype(np.float32), 16000)
+        (d / f"{shard}.txt").write_text("a few reference words")
+        res = CliRunner().invoke(app, ["live", str(d), "--model", "tiny", "-p", "full,streaming", "-b", "0.2,0.4",
+                                       "--max-new-tokens", "4", "--no-plot", "-o", str(tmp_path / f"out_{shard}")])
+        assert res.exit_code == 0, res.output
+    script = Path(__file__).resolve().parents[1] / "scripts" / "merge_live.py"
+    argv = sys.argv
+    sys.argv = [str(script), str(tmp_path / "merged"), str(tmp_path / "out_a"), str(tmp_path / "out_b")]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = argv
+    runs = pl.read_parquet(tmp_path / "merged" / "runs.parquet")
+    assert runs.height == 2 * 3 and set(runs["input"]) == {"a", "b"}
+    res = pl.read_parquet(tmp_path / "merged" / "results.parquet")
+    assert res.height == 3 and res["inputs"].to_list() == [2, 2, 2]
+    assert (tmp_path / "merged" / "wer_vs_rgpu.png").exists()
