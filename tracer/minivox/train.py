@@ -224,8 +224,9 @@ def export(run: Path, cfg: TrainConfig, model, step: int, wer: float, name: str)
 
 
 def data_parallel() -> tuple[int, int]:
-    """``(world_size, rank)``: under ``torchrun --nproc-per-node N`` the processes join a gloo
-    group (CPU data parallelism, one core each); otherwise ``(1, 0)``."""
+    """``(world_size, rank)``: with ``WORLD_SIZE=N``, ``RANK``, ``MASTER_ADDR`` and
+    ``MASTER_PORT`` in the environment (one process per core, started by hand: torchrun's own
+    options clash with ``--run``) the processes join a gloo group; otherwise ``(1, 0)``."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return 1, 0
@@ -255,8 +256,9 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
           init_projector: Path | None = None) -> None:
     """Stage 2: projector + LoRA, end to end on the transcription loss.
 
-    Under ``torchrun --nproc-per-node W`` each step is W sub-batches, one per process
-    (sub-batch ``step * W + rank`` of the single-process schedule), with averaged gradients.
+    Data parallel (:func:`data_parallel`, W processes): each step is W sub-batches, one per
+    process (sub-batch ``step * W + rank`` of the single-process schedule), with averaged
+    gradients.
     """
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
