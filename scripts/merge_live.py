@@ -18,11 +18,7 @@ import polars as pl
 
 from kvsim.plots import save_chart
 from kvsim.trace.atomic import atomic_file
-from tracer.live.run import aggregate, wer_chart
-
-
-def method(label: str, transform: str) -> str:
-    return label if transform == "none" else f"{label} + {transform.split(':')[0]}"
+from tracer.live.run import aggregate, wer_chart, with_method
 
 
 def markdown(results: pl.DataFrame) -> str:
@@ -30,10 +26,10 @@ def markdown(results: pl.DataFrame) -> str:
     lines = ["| method | " + " | ".join(f"r = {b:g}" for b in budgets) + " |",
              "|---|" + "---|" * len(budgets)]
     rows: dict[str, dict[float, str]] = {}
-    for r in results.iter_rows(named=True):
+    for r in with_method(results).iter_rows(named=True):
         cell = (f"{r['wer']:.3f} ({r['r_gpu_vs_original']:.2f} / {r['r_gpu_cpu']:.2f}, "
                 f"{r['termination_rate']:.0%})")
-        rows.setdefault(method(r["label"], r["transform"]), {})[r["budget"]] = cell
+        rows.setdefault(r["method"], {})[r["budget"]] = cell
     for name, cells in rows.items():
         if set(cells) == {1.0}:  # full attention: one budget
             lines.append(f"| {name} | " + " | ".join([cells[1.0]] + [""] * (len(budgets) - 1)) + " |")

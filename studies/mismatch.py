@@ -27,7 +27,7 @@ PAPER_VOXTRAL = {
     "jaccard_top500": 0.240,
     "head_jaccard_min": 0.006,
     "head_jaccard_max": 0.641,
-    "head_jaccard_below_0.1": 0.27,
+    "head_jaccard_below_01": 0.27,  # share of heads with Jaccard < 0.1
 }
 
 

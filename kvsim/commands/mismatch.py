@@ -28,7 +28,6 @@ def mismatch(traces: Annotated[list[Path], typer.Argument(help="Traces or folder
             ("head_jaccard_min", "per-head Jaccard, min"),
             ("head_jaccard_max", "per-head Jaccard, max"),
             ("head_jaccard_below_01", "share of heads with Jaccard < 0.1")]
-    paper = {**PAPER_VOXTRAL, "head_jaccard_below_01": PAPER_VOXTRAL["head_jaccard_below_0.1"]}
     stats = {path.name: measure(Trace(path)).as_dict() for path in find_traces(traces)}
     table = Table(title="WnW §2.1 prefill-decode mismatch")
     table.add_column("statistic")
@@ -36,7 +35,7 @@ def mismatch(traces: Annotated[list[Path], typer.Argument(help="Traces or folder
     for name in stats:
         table.add_column(name, justify="right", overflow="fold")
     for key, label in cols:
-        table.add_row(label, _fmt(paper.get(key)), *[_fmt(s[key]) for s in stats.values()])
+        table.add_row(label, _fmt(PAPER_VOXTRAL.get(key)), *[_fmt(s[key]) for s in stats.values()])
     Console().print(table)
     Console().print("'of speech' starts at the first word's onset (trace word timings); "
                     "n/a when the trace has none.")

@@ -341,7 +341,7 @@ class Replayer:
         # [g, 2g) the one-hot of their top-K positions
         lhs = np.zeros((Hkv, 2 * g, Ta), dtype=np.float32)
         lhs_att, lhs_top = lhs[:, :g], lhs[:, g:]
-        top_kv, top_row = (np.arange(Hq) // g)[:, None], (g + np.arange(Hq) % g)[:, None]
+        top_row = (g + np.arange(Hq) % g)[:, None]  # row of each q-head in the one-hot half
         for s in range(self.n_steps):
             p = n_prefill + s
             qrow = self.trace.query_index(p)
@@ -370,7 +370,7 @@ class Replayer:
                 if k_top < Ta:
                     top = np.argpartition(-Pa3.reshape(Hq, Ta), k_top - 1, axis=-1)[:, :k_top]
                     lhs_top.fill(0.0)
-                    lhs[top_kv, top_row, top] = 1.0
+                    lhs[kv_of_q, top_row, top] = 1.0
                 prod = np.matmul(lhs, M1.transpose(1, 2, 0))  # (H_kv, 2g, R + 1)
                 mass = prod[:, :g].reshape(Hq, R + 1).T
                 mass_k, mass_a = mass[:R], mass[R]

@@ -160,15 +160,21 @@ def aggregate(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.group_by(keys, maintain_order=True).agg(aggs)
 
 
+def with_method(results: pl.DataFrame) -> pl.DataFrame:
+    """Add the ``method`` column: the policy label, plus `` + transform`` when the input was
+    transformed (``affpool:0.2``, ``affpool:0.4`` ... are one method)."""
+    return results.with_columns(
+        (pl.col("label") + pl.when(pl.col("transform") == "none").then(pl.lit(""))
+         .otherwise(pl.lit(" + ") + pl.col("transform").str.replace(r":[0-9.]+$", "")))
+        .alias("method"))
+
+
 def wer_chart(results: pl.DataFrame, title: str = "Live decoding: truncated WER vs measured r_GPU"):
     """Altair chart of WER against measured r_GPU, one line per policy (and transform)."""
     import altair as alt
 
     # x = GPU audio KV against the *untransformed* audio span, so input transforms compare
-    data = results.with_columns(
-        (pl.col("label") + pl.when(pl.col("transform") == "none").then(pl.lit(""))
-         .otherwise(pl.lit(" + ") + pl.col("transform").str.replace(r":[0-9.]+$", "")))
-        .alias("method"))  # affpool:0.2, affpool:0.4 ... are one method
+    data = with_method(results)
     cols = ["method", "budget", "r_gpu_vs_original", "r_gpu", "wer", "termination_rate", "r_gpu_cpu"]
     base = alt.Chart(data.select([c for c in cols if c in data.columns])).encode(
         x=alt.X("r_gpu_vs_original:Q", title="measured r_GPU (audio KV on GPU / untransformed audio KV)",

@@ -320,16 +320,13 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     long_rows = (read_manifest(data, "train_long").to_dicts()
                  if cfg.p_long + cfg.p_concat > 0 else [])
 
-    def rows_of(s: int) -> list[dict]:
-        return batch_rows(s, cfg, train_rows, long_rows)
-
     log = (run / "log.jsonl").open("a") if lead else None
     t0 = time.time()
     model.train()
     bar = tqdm(total=cfg.steps, initial=step, desc="train", mininterval=10, disable=not lead)
     ema = None
     while step < cfg.steps:
-        rows = rows_of(step * world + rank)
+        rows = batch_rows(step * world + rank, cfg, train_rows, long_rows)
         t_step = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             embeds, mask, labels = make_batch(model, proc, rows, cache_dir)
