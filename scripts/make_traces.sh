@@ -11,13 +11,13 @@ CLIP=${CLIP:-test_30_60-00013}   # 59.6 s, 160 words: two full 30 s windows
 if [ ! -f "$DATA/manifest.parquet" ]; then
   python -m tracer.minivox.data --out "$DATA" --seed 0 --splits calib test_30_60 test_long
 fi
-# the first 2 calibration clips, 16 answer tokens each (the sensitivity costs one backward per token; 2.7 min)
-kvsim calibrate --model minivox $(ls "$DATA"/audio/calib/*.flac | head -2) --out minivox/heads.json \
-  --aligner reference --max-tokens 16
+# the first 4 calibration clips, 24 answer tokens each (the sensitivity costs one backward per token; 8 min)
+kvsim calibrate --model minivox $(ls "$DATA"/audio/calib/*.flac | head -4) --out minivox/heads.json \
+  --aligner reference --max-tokens 24
 kvsim trace --model minivox "$DATA/audio/test_30_60/$CLIP.flac" --out traces \
   --values --heads minivox/heads.json --max-new-tokens 400 --overwrite
 rm -rf "traces/minivox-$CLIP.kvtrace" && mv "traces/$CLIP.kvtrace" "traces/minivox-$CLIP.kvtrace"
 # the synthetic large-shape trace kept beside it (qwen-omni shape, 5 s)
 rm -rf traces/synth-qwen-omni-5s.kvtrace
-kvsim synth traces/synth-qwen-omni-5s.kvtrace --preset qwen-omni --audio-seconds 5 --decode-steps 30 --seed 1
+kvsim synth traces/synth-qwen-omni-5s.kvtrace --preset qwen-omni --audio-seconds 5 --decode-steps 20 --seed 1
 kvsim validate traces
