@@ -161,7 +161,8 @@ class LiveSession:
         if read.all():
             return None
         keep = torch.ones((read.shape[0], n), dtype=torch.bool, device=device)
-        keep[:, self._audio_index(device)] = torch.as_tensor(read, device=device)
+        # a copy: ``read`` may be a read-only view of the policy's tiers
+        keep[:, self._audio_index(device)] = torch.tensor(read, device=device)
         return keep
 
     # ------------------------------------------------------------------ lifecycle
