@@ -4,6 +4,9 @@ Text: the fortune-cookie databases of the Debian packages ``fortunes`` / ``fortu
 (thousands of quotations, jokes, literature and science excerpts by many authors). Each
 fortune is cleaned (ASCII, no digits or markup, attributions dropped) and deduplicated; whole
 fortunes are assigned to exactly one split by a seeded shuffle, so splits never share text.
+The ``train_wide`` split adds distinct training-only text from WordNet and the ``anarchism``
+fortunes (:mod:`tracer.minivox.extra_text`; Debian packages ``wordnet-base``,
+``fortune-anarchism``), none of it inside a held-out text.
 
 Speech: libespeak-ng (see :mod:`tracer.minivox.espeak`) with several voices, speaking
 rates and pitches; a clip concatenates consecutive fortunes of its split with natural
@@ -29,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .extra_text import EXTRA_FORTUNE_FILES, load_extra_texts
+
 FORTUNE_DIR = Path("/usr/share/games/fortunes")
 # Voices x variants available in espeak-ng's standard data (no mbrola needed).
 VOICES = [
@@ -47,7 +52,9 @@ class SplitSpec:
     n_clips: int
     min_s: float
     max_s: float
-    pool: str | None = None  # text pool (split) to draw from; default: ``name``
+    # text pool to draw from: a split's fortunes (default: ``name``), or "extra" (training
+    # only: WordNet sentences and the anarchism fortunes, see :mod:`.extra_text`)
+    pool: str | None = None
 
 
 @dataclass
@@ -58,6 +65,7 @@ class DataConfig:
     splits: list[SplitSpec] = field(default_factory=lambda: [
         SplitSpec("train", 2400, 8.0, 29.0),
         SplitSpec("train_long", 320, 30.0, 60.0, pool="train"),
+        SplitSpec("train_wide", 2400, 8.0, 29.0, pool="extra"),
         SplitSpec("dev", 24, 8.0, 29.0),
         SplitSpec("test_30_60", 20, 30.0, 60.0),
         SplitSpec("test_long", 8, 60.0, 240.0),
@@ -109,7 +117,7 @@ def load_fortunes(root: Path = FORTUNE_DIR) -> list[str]:
     seen: set[str] = set()
     out: list[str] = []
     for f in sorted(root.iterdir()):
-        if f.suffix or f.is_dir() or f.name in SKIP_FILES:
+        if f.suffix or f.is_dir() or f.name in SKIP_FILES or f.name in EXTRA_FORTUNE_FILES:
             continue
         try:
             body = f.read_text(encoding="utf-8", errors="replace")
@@ -209,8 +217,13 @@ def _generate_split(out: Path, cfg: DataConfig, spec: SplitSpec) -> None:
     from .espeak import ESpeak
 
     tts = ESpeak()
-    texts = split_texts(load_fortunes(), cfg)
-    pool = list(texts[spec.pool or spec.name])
+    fortunes = load_fortunes()
+    texts = split_texts(fortunes, cfg)
+    if spec.pool == "extra":
+        heldout = [t for name in cfg.heldout_share for t in texts[name]]
+        pool = load_extra_texts(fortunes, heldout, FORTUNE_DIR)
+    else:
+        pool = list(texts[spec.pool or spec.name])
     random.Random(cfg.seed + 1 + (spec.pool is not None)).shuffle(pool)
     cursor = 0
     adir = out / "audio" / spec.name

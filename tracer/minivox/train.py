@@ -63,6 +63,8 @@ class TrainConfig:
     # (60-240 s, the 1-4 min test range), so the decoder sees long audio spans and long answers
     p_concat: float = 0.0
     concat_max: int = 4
+    # comma-separated manifest splits whose clips make up the short-clip batches
+    train_splits: str = "train"
 
 
 def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
@@ -295,7 +297,8 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
     step, best = 0, float("inf")
-    train_rows = read_manifest(data, "train").to_dicts()
+    train_rows = [r for split in cfg.train_splits.split(",")
+                  for r in read_manifest(data, split).to_dicts()]
     if init_projector is not None:
         from safetensors.torch import load_file
 
@@ -384,12 +387,17 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
         print(f"exported {src} -> {export_to}")
 
 
-def prefill_cache(data: Path, split: str) -> None:
-    """Compute the encoder cache of every clip of ``split`` (run beside training)."""
+def prefill_cache(data: Path, split: str, shard: tuple[int, int] = (0, 1)) -> None:
+    """Compute the encoder cache of every clip of ``split`` (run beside training).
+
+    ``shard=(i, n)`` takes every n-th clip from the i-th, so n processes can share the work.
+    """
+    i, n = shard
     torch.set_num_threads(1)
     model, proc = build_base()
     cache_dir = data / "enc_cache"
-    for row in tqdm(read_manifest(data, split).to_dicts(), desc=f"cache {split}", mininterval=30):
+    rows = read_manifest(data, split).to_dicts()[i::n]
+    for row in tqdm(rows, desc=f"cache {split} {i}/{n}", mininterval=30):
         encoder_cache(model, proc, row, cache_dir)
 
 
@@ -402,6 +410,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="projector weights from stage-1 alignment (tracer.minivox.align)")
     ap.add_argument("--prefill-cache", default=None, metavar="SPLIT",
                     help="only compute the encoder cache of SPLIT, then exit")
+    ap.add_argument("--shard", default="0/1", metavar="I/N",
+                    help="with --prefill-cache: this process's share of the clips")
     d = TrainConfig()
     for k, v in asdict(d).items():
         if isinstance(v, bool):
@@ -411,7 +421,10 @@ def main(argv: list[str] | None = None) -> None:
             ap.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=v)
     args = ap.parse_args(argv)
     if args.prefill_cache:
-        prefill_cache(args.data, args.prefill_cache)
+        i, n = (int(x) for x in args.shard.split("/"))
+        if not 0 <= i < n:
+            ap.error(f"--shard {args.shard}: need 0 <= I < N")
+        prefill_cache(args.data, args.prefill_cache, (i, n))
         return
     cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(d)})
     train(args.data, args.run, cfg, REPO_WEIGHTS if args.export else None, args.init_projector)
