@@ -19,5 +19,5 @@ kvsim trace --model minivox "$DATA/audio/test_30_60/$CLIP.flac" --out traces \
 rm -rf "traces/minivox-$CLIP.kvtrace" && mv "traces/$CLIP.kvtrace" "traces/minivox-$CLIP.kvtrace"
 # the synthetic large-shape trace kept beside it (qwen-omni shape, 5 s)
 rm -rf traces/synth-qwen-omni-5s.kvtrace
-kvsim synth traces/synth-qwen-omni-5s.kvtrace --preset qwen-omni --audio-seconds 5 --decode-steps 20 --seed 1
+kvsim synth traces/synth-qwen-omni-5s.kvtrace --preset qwen-omni --audio-seconds 5 --decode-steps 16 --seed 1
 kvsim validate traces
