@@ -108,6 +108,28 @@ def clean_fortune(raw: str) -> str | None:
     return text
 
 
+def text_key(text: str) -> str:
+    """The letters of ``text``, lower-cased: two texts with the same key are duplicates."""
+    return re.sub(r"[^a-z]", "", text.lower())
+
+
+def read_fortune_file(path: Path) -> list[str]:
+    """The cleaned fortunes of one fortune database file (unsuitable ones dropped)."""
+    body = path.read_text(encoding="utf-8", errors="replace")
+    return [t for t in map(clean_fortune, body.split("\n%\n")) if t is not None]
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` -> ``(i, n)``, for ``--shard`` options (every n-th manifest row from row i)."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected I/N, e.g. 0/2") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= I < N")
+    return i, n
+
+
 def load_fortunes(root: Path = FORTUNE_DIR) -> list[str]:
     """All cleaned, deduplicated fortunes, in a stable order."""
     if not root.is_dir():
@@ -120,14 +142,11 @@ def load_fortunes(root: Path = FORTUNE_DIR) -> list[str]:
         if f.suffix or f.is_dir() or f.name in SKIP_FILES or f.name in EXTRA_FORTUNE_FILES:
             continue
         try:
-            body = f.read_text(encoding="utf-8", errors="replace")
+            texts = read_fortune_file(f)
         except OSError:
             continue
-        for raw in body.split("\n%\n"):
-            t = clean_fortune(raw)
-            if t is None:
-                continue
-            key = re.sub(r"[^a-z]", "", t.lower())
+        for t in texts:
+            key = text_key(t)
             if key in seen:
                 continue
             seen.add(key)

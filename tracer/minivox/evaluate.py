@@ -19,7 +19,7 @@ import soundfile as sf
 import torch
 
 from . import load_minivox, minivox_dir
-from .data import read_manifest
+from .data import parse_shard, read_manifest
 from .wer import corpus_wer
 
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--adapter", type=Path, default=None)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--shard", default="0/1", help="i/n: evaluate every n-th clip from i "
+    ap.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: evaluate every n-th clip from i "
                     "(run shards in parallel, then --summarise their --out files)")
     ap.add_argument("--summarise", nargs="*", type=Path, default=None,
                     help="only print corpus WER per split from these --out files")
@@ -89,8 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.summarise:
         summarise(a.summarise)
         return
-    i, n = (int(x) for x in a.shard.split("/"))
-    res = evaluate(a.data, a.splits, a.adapter, a.limit, a.out, (i, n))
+    res = evaluate(a.data, a.splits, a.adapter, a.limit, a.out, a.shard)
     for k, v in res.items():
         print(f"{k}\tWER\t{v:.4f}")
 

@@ -29,10 +29,6 @@ EXTRA_FORTUNE_FILES = ("anarchism",)
 _QUOTED = re.compile(r'"([^"]+)"')
 
 
-def _key(text: str) -> str:
-    return re.sub(r"[^a-z]", "", text.lower())
-
-
 def parse_wordnet_line(line: str) -> tuple[list[str], str, list[str]] | None:
     """``(lemmas, definition, examples)`` of one ``data.*`` line, or None for the header.
 
@@ -80,17 +76,14 @@ def load_wordnet_texts(root: Path = WORDNET_DIR) -> list[str]:
 
 def load_extra_fortunes(root: Path) -> list[str]:
     """Cleaned fortunes of :data:`EXTRA_FORTUNE_FILES` present under ``root``."""
-    from .data import clean_fortune
+    from .data import read_fortune_file
 
     out = []
     for name in EXTRA_FORTUNE_FILES:
         f = root / name
         if not f.is_file():
             raise FileNotFoundError(f"{f}: not found (apt-get install fortune-{name})")
-        for raw in f.read_text(encoding="utf-8", errors="replace").split("\n%\n"):
-            t = clean_fortune(raw)
-            if t is not None:
-                out.append(t)
+        out += read_fortune_file(f)
     return out
 
 
@@ -101,11 +94,13 @@ def load_extra_texts(base: list[str], heldout: list[str], fortune_root: Path,
     None has the letters of a text in ``base`` (the fortunes of all splits), and none is
     contained in a ``heldout`` text (a short WordNet example quoted inside a test fortune).
     """
-    seen = {_key(t) for t in base}
-    blob = "|".join(_key(t) for t in heldout)
+    from .data import text_key
+
+    seen = {text_key(t) for t in base}
+    blob = "|".join(text_key(t) for t in heldout)
     out = []
     for t in load_extra_fortunes(fortune_root) + load_wordnet_texts(wordnet_root):
-        k = _key(t)
+        k = text_key(t)
         if k and k not in seen and k not in blob:
             seen.add(k)
             out.append(t)

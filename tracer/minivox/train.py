@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .build import REPO_WEIGHTS, build_base, save_adapter
-from .data import read_manifest
+from .data import parse_shard, read_manifest
 from .lora import add_lora, load_lora_state, lora_state
 from .wer import corpus_wer
 
@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="projector weights from stage-1 alignment (tracer.minivox.align)")
     ap.add_argument("--prefill-cache", default=None, metavar="SPLIT",
                     help="only compute the encoder cache of SPLIT, then exit")
-    ap.add_argument("--shard", default="0/1", metavar="I/N",
+    ap.add_argument("--shard", type=parse_shard, default=(0, 1), metavar="I/N",
                     help="with --prefill-cache: this process's share of the clips")
     d = TrainConfig()
     for k, v in asdict(d).items():
@@ -421,10 +421,7 @@ def main(argv: list[str] | None = None) -> None:
             ap.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=v)
     args = ap.parse_args(argv)
     if args.prefill_cache:
-        i, n = (int(x) for x in args.shard.split("/"))
-        if not 0 <= i < n:
-            ap.error(f"--shard {args.shard}: need 0 <= I < N")
-        prefill_cache(args.data, args.prefill_cache, (i, n))
+        prefill_cache(args.data, args.prefill_cache, args.shard)
         return
     cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(d)})
     train(args.data, args.run, cfg, REPO_WEIGHTS if args.export else None, args.init_projector)
