@@ -264,3 +264,40 @@ def test_lora_merge_matches_wrapped_forward_and_adapter_roundtrip(tmp_path):
 
         save_file({"x": torch.zeros(1)}, str(tmp_path / "b.safetensors"))
         read_adapter(tmp_path / "b.safetensors")
+
+
+def test_training_can_start_from_a_trained_adapter(tiny, tmp_path):
+    import copy
+
+    from tracer.minivox.build import save_adapter
+    from tracer.minivox.lora import add_lora, lora_state
+    from tracer.minivox.train import load_trainable_adapter
+
+    model, _ = tiny
+    src = copy.deepcopy(model)
+    add_lora(src.model.language_model, 2, 4.0, ("q_proj", "v_proj"))
+    with torch.no_grad():
+        for p in src.model.multi_modal_projector.parameters():
+            p.add_(torch.randn_like(p))
+        for n, p in src.model.language_model.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.randn_like(p))
+    path = tmp_path / "adapter.safetensors"
+    save_adapter(path, src.model.multi_modal_projector.state_dict(),
+                 lora_state(src.model.language_model), {"step": 7})
+
+    dst = copy.deepcopy(model)
+    add_lora(dst.model.language_model, 2, 4.0, ("q_proj", "v_proj"))
+    load_trainable_adapter(dst, path)
+    for k, v in src.model.multi_modal_projector.state_dict().items():
+        assert torch.equal(dst.model.multi_modal_projector.state_dict()[k], v), k
+    want, got = lora_state(src.model.language_model), lora_state(dst.model.language_model)
+    assert want.keys() == got.keys() and len(want) == 2 * 2 * 3  # A, B x 2 targets x 3 layers
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])
+    assert all(p.requires_grad for n, p in dst.model.language_model.named_parameters() if "lora_" in n)
+
+    wider = copy.deepcopy(model)  # LoRA on more modules than the file has factors for
+    add_lora(wider.model.language_model, 2, 4.0, ("q_proj", "v_proj", "o_proj"))
+    with pytest.raises(ValueError, match="no LoRA factors for 3 LoRA modules of the model .e.g. layers.0.self_attn.o_proj."):
+        load_trainable_adapter(wider, path)

@@ -65,7 +65,7 @@ class DataConfig:
     splits: list[SplitSpec] = field(default_factory=lambda: [
         SplitSpec("train", 2400, 8.0, 29.0),
         SplitSpec("train_long", 320, 30.0, 60.0, pool="train"),
-        SplitSpec("train_wide", 2400, 8.0, 29.0, pool="extra"),
+        SplitSpec("train_wide", 7200, 8.0, 29.0, pool="extra"),
         SplitSpec("dev", 24, 8.0, 29.0),
         SplitSpec("test_30_60", 20, 30.0, 60.0),
         SplitSpec("test_long", 8, 60.0, 240.0),

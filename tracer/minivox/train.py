@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .build import REPO_WEIGHTS, build_base, save_adapter
+from .build import REPO_WEIGHTS, build_base, read_adapter, save_adapter
 from .data import parse_shard, read_manifest
 from .lora import add_lora, load_lora_state, lora_state
 from .wer import corpus_wer
@@ -202,6 +202,22 @@ def match_embedding_norm(model, proc, rows: list[dict], cache_dir: Path) -> floa
     return factor
 
 
+def load_trainable_adapter(model, path: Path) -> None:
+    """Load an adapter file's projector and LoRA factors into a model whose decoder is wrapped
+    by :func:`~.lora.add_lora` (the factors stay trainable, unlike :func:`~.build.apply_adapter`
+    which merges them). Every LoRA module must have factors in the file."""
+    tensors, _ = read_adapter(path)
+    model.model.multi_modal_projector.load_state_dict(
+        {k.removeprefix("multi_modal_projector."): v.float() for k, v in tensors.items()
+         if k.startswith("multi_modal_projector.")})
+    lora = {k.removeprefix("lora."): v.float() for k, v in tensors.items() if k.startswith("lora.")}
+    missing = {k.rsplit(".", 1)[0] for k in set(lora_state(model.model.language_model)) - set(lora)}
+    if missing:
+        raise ValueError(f"{path}: no LoRA factors for {len(missing)} LoRA modules of the model "
+                         f"(e.g. {sorted(missing)[0]}); check --lora-targets")
+    load_lora_state(model.model.language_model, lora)
+
+
 def save_ckpt(path: Path, model, opt, sched, step: int, best: float, cfg: TrainConfig) -> None:
     state = {
         "projector": model.model.multi_modal_projector.state_dict(),
@@ -255,8 +271,13 @@ def average_across_ranks(params: list[torch.nn.Parameter], *scalars: float) -> l
 
 
 def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
-          init_projector: Path | None = None) -> None:
+          init_projector: Path | None = None, init_adapter: Path | None = None) -> None:
     """Stage 2: projector + LoRA, end to end on the transcription loss.
+
+    A new run starts from ``init_projector`` (stage-1 projector weights, LoRA at zero) or from
+    ``init_adapter`` (a trained adapter file: projector and LoRA, e.g. another run's
+    ``last.safetensors``) with a fresh optimizer and learning-rate schedule; a run with a
+    ``last.pt`` resumes from it and ignores both.
 
     Data parallel (:func:`data_parallel`, W processes): each step is W sub-batches, one per
     process (sub-batch ``step * W + rank`` of the single-process schedule), with averaged
@@ -299,6 +320,13 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     step, best = 0, float("inf")
     train_rows = [r for split in cfg.train_splits.split(",")
                   for r in read_manifest(data, split).to_dicts()]
+    if init_projector is not None and init_adapter is not None:
+        raise ValueError("give --init-projector or --init-adapter, not both")
+    last = run / "last.pt"
+    if init_adapter is not None and not last.is_file():
+        load_trainable_adapter(model, init_adapter)
+        if lead:
+            print(f"projector and LoRA initialised from {init_adapter}", flush=True)
     if init_projector is not None:
         from safetensors.torch import load_file
 
@@ -307,7 +335,6 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
         if lead:
             print(f"projector initialised from {init_projector} (output scaled x{factor:.3f} to "
                   "the decoder's mean embedding norm)", flush=True)
-    last = run / "last.pt"
     if last.is_file():
         st = torch.load(last, weights_only=True)
         model.model.multi_modal_projector.load_state_dict(st["projector"])
@@ -408,6 +435,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--export", action="store_true", help=f"copy the best adapter to {REPO_WEIGHTS}")
     ap.add_argument("--init-projector", type=Path, default=None,
                     help="projector weights from stage-1 alignment (tracer.minivox.align)")
+    ap.add_argument("--init-adapter", type=Path, default=None,
+                    help="start a new run from a trained adapter (projector + LoRA), with a fresh "
+                         "optimizer and schedule")
     ap.add_argument("--prefill-cache", default=None, metavar="SPLIT",
                     help="only compute the encoder cache of SPLIT, then exit")
     ap.add_argument("--shard", type=parse_shard, default=(0, 1), metavar="I/N",
@@ -424,7 +454,8 @@ def main(argv: list[str] | None = None) -> None:
         prefill_cache(args.data, args.prefill_cache, args.shard)
         return
     cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(d)})
-    train(args.data, args.run, cfg, REPO_WEIGHTS if args.export else None, args.init_projector)
+    train(args.data, args.run, cfg, REPO_WEIGHTS if args.export else None, args.init_projector,
+          args.init_adapter)
 
 
 if __name__ == "__main__":
