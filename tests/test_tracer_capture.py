@@ -216,3 +216,40 @@ def test_recorder_does_not_keep_the_callers_tensors_alive():
         assert kept.untyped_storage().nbytes() == kept.numel() * kept.element_size()
         assert rec.values[0][-1].untyped_storage().nbytes() == kept.numel() * kept.element_size()
         torch.testing.assert_close(kept, key[0, :, -q_len:, :])
+
+
+@pytest.mark.parametrize("store_values", [False, True])
+def test_buffered_decode_steps_record_exactly_what_per_step_tensors_do(store_values):
+    """decode_capacity writes decode steps into preallocated buffers: same stacked tensors,
+    call count and progress callbacks as one tensor per step; a step beyond it is an error."""
+    from tracer.capture import Recorder
+
+    gen = torch.Generator().manual_seed(0)
+    calls = []
+    for t in range(50, 57):  # prefill of 50 positions, then 6 decode steps
+        q_len = 50 if t == 50 else 1
+        calls.append([(torch.randn(1, 4, q_len, 8, generator=gen), torch.randn(1, 2, t, 8, generator=gen),
+                       torch.randn(1, 2, t, 8, generator=gen)) for _ in range(3)])  # 3 layers
+    recs, steps = [], []
+    for cap in (None, 6):
+        seen: list[int] = []
+        rec = Recorder(n_layers=3, window_start=40, store_values=store_values,
+                       decode_capacity=cap, on_step=seen.append)
+        for per_layer in calls:
+            for layer, (q, k, v) in enumerate(per_layer):
+                rec.record(layer, q, k, v)
+        recs.append(rec)
+        steps.append(seen)
+    plain, buffered = recs
+    assert buffered.n_calls == plain.n_calls == 7
+    assert steps[0] == steps[1] == [1, 2, 3, 4, 5, 6]
+    a, b = plain.stacked(), buffered.stacked()
+    assert a.keys() == b.keys() == ({"keys", "queries"} | ({"values"} if store_values else set()))
+    for name in a:
+        assert a[name].shape == b[name].shape
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
+    assert a["keys"].shape == (3, 2, 56, 8) and a["queries"].shape == (3, 4, 16, 8)
+    with pytest.raises(RuntimeError, match="exceeds the recorder's decode_capacity=6"):
+        buffered.record(0, torch.randn(1, 4, 1, 8), torch.randn(1, 2, 57, 8), torch.randn(1, 2, 57, 8))
+    with pytest.raises(RuntimeError, match="one token per step"):
+        buffered.record(1, torch.randn(1, 4, 2, 8), torch.randn(1, 2, 58, 8), torch.randn(1, 2, 58, 8))

@@ -61,6 +61,13 @@ class Recorder:
     positions the trace keeps: prompt positions ``>= window_start`` at prefill, all decode steps.
 
     Tensors stay on the model's device until :meth:`stacked` (one transfer per run).
+
+    With ``decode_capacity`` (the most decode steps the run can take: ``max_new_tokens``) the
+    decode steps are written into one buffer per layer and tensor, allocated at the first
+    decode step, instead of one small tensor per step: thousands of small allocations
+    interleaved with the KV cache that grows every step fragment glibc's heap, which made the
+    peak RSS of tracing a 2.3-minute minivox clip grow with the decode steps to 4.4 GB, against
+    1.2 GB for the same generation without recording.
     """
 
     n_layers: int
@@ -74,6 +81,9 @@ class Recorder:
     key_hook: Callable[[int, torch.Tensor], torch.Tensor] | None = None
     #: Keep the autograd graph of recorded tensors (calibration) instead of detaching.
     keep_graph: bool = False
+    #: Most decode steps the run can take; when set (and not ``keep_graph``), decode steps go to
+    #: preallocated buffers (see above) and a step beyond it is an error.
+    decode_capacity: int | None = None
     keys: list[list[torch.Tensor]] = field(default_factory=list)
     values: list[list[torch.Tensor]] = field(default_factory=list)
     queries: list[list[torch.Tensor]] = field(default_factory=list)
@@ -82,6 +92,12 @@ class Recorder:
         self.keys = [[] for _ in range(self.n_layers)]
         self.values = [[] for _ in range(self.n_layers)]
         self.queries = [[] for _ in range(self.n_layers)]
+        # per layer: decode steps written into the buffers (element 1 of each list)
+        self._n_buffered = [0] * self.n_layers
+
+    @property
+    def _buffered(self) -> bool:
+        return self.decode_capacity is not None and not self.keep_graph
 
     def record(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         if query.shape[0] != 1:
@@ -92,6 +108,9 @@ class Recorder:
         first = not self.keys[layer]
         # clone: a slice is a view that would keep the whole key/value tensor of this call
         # (prompt + cache) alive — O(steps x context) memory on long audio
+        if not first and self._buffered:
+            self._record_buffered(layer, query, key, value)
+            return
         grab = (lambda t: t.clone()) if self.keep_graph else (lambda t: t.detach().clone())
         self.keys[layer].append(grab(key[0, :, -q_len:, :]))
         if self.store_values:
@@ -102,9 +121,36 @@ class Recorder:
         if layer == 0 and not first and self.on_step is not None:
             self.on_step(len(self.keys[0]) - 1)
 
+    def _record_buffered(self, layer: int, query: torch.Tensor, key: torch.Tensor,
+                         value: torch.Tensor) -> None:
+        """One decode step into the layer's buffers (allocated at its first decode step)."""
+        i = self._n_buffered[layer]
+        if query.shape[2] != 1:
+            raise RuntimeError(f"layer {layer}: a decode call with {query.shape[2]} queries; the "
+                               "recorder's decode buffers take one token per step")
+        if i >= self.decode_capacity:
+            raise RuntimeError(f"decode step {i + 1} of layer {layer} exceeds the recorder's "
+                               f"decode_capacity={self.decode_capacity}")
+        new = [("keys", key[0, :, -1:, :])]
+        if self.store_values:
+            new.append(("values", value[0, :, -1:, :]))
+        if self.store_queries:
+            new.append(("queries", query[0]))
+        with torch.no_grad():
+            for name, t in new:
+                parts = getattr(self, name)[layer]
+                if len(parts) == 1:
+                    parts.append(t.new_empty(t.shape[0], self.decode_capacity, t.shape[2]))
+                parts[1][:, i : i + 1] = t
+        self._n_buffered[layer] = i + 1
+        if layer == 0 and self.on_step is not None:
+            self.on_step(i + 1)
+
     @property
     def n_calls(self) -> int:
-        return len(self.keys[0]) if self.keys else 0
+        if not self.keys or not self.keys[0]:
+            return 0
+        return 1 + self._n_buffered[0] if self._buffered else len(self.keys[0])
 
     def stacked(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """Concatenate the calls: ``keys``/``values`` (L, H_kv, N, D), ``queries`` (L, H_q, N_q, D)
@@ -113,7 +159,12 @@ class Recorder:
         names = ["keys"] + (["values"] if self.store_values else [])
         names += ["queries"] if self.store_queries else []
         for name in names:
-            per_layer = [torch.cat(getattr(self, name)[i], dim=1) for i in range(self.n_layers)]
+            per_layer = []
+            for i in range(self.n_layers):
+                parts = getattr(self, name)[i]
+                if self._buffered and len(parts) == 2:
+                    parts = [parts[0], parts[1][:, : self._n_buffered[i]]]
+                per_layer.append(torch.cat(parts, dim=1))
             out[name] = torch.stack(per_layer).to(device="cpu", dtype=dtype)
         return out
 

@@ -71,7 +71,7 @@ def generate_traced(backbone: Backbone, prepared: Prepared, options: TraceOption
             on_step(i)
 
     rec = Recorder(facts.n_layers, prepared.window_start, store_values=options.store_values,
-                   on_step=step)
+                   on_step=step, decode_capacity=options.max_new_tokens)
     t0 = time.perf_counter()
     with torch.no_grad(), recording(rec):
         kw = greedy_kwargs(options.max_new_tokens)
