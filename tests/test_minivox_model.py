@@ -301,3 +301,17 @@ def test_training_can_start_from_a_trained_adapter(tiny, tmp_path):
     add_lora(wider.model.language_model, 2, 4.0, ("q_proj", "v_proj", "o_proj"))
     with pytest.raises(ValueError, match="no LoRA factors for 3 LoRA modules of the model .e.g. layers.0.self_attn.o_proj."):
         load_trainable_adapter(wider, path)
+
+
+def test_a_cache_build_that_loses_the_race_leaves_no_temporary_directory(tmp_path):
+    from tracer.minivox.build import publish_dir
+
+    out = tmp_path / "0123456789abcdef"
+    first, second = tmp_path / (out.name + ".tmp1"), tmp_path / (out.name + ".tmp2")
+    for d, text in ((first, "first"), (second, "second")):
+        d.mkdir()
+        (d / "config.json").write_text(text)
+    publish_dir(first, out)
+    publish_dir(second, out)  # the other process finished second: its build is dropped
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+    assert (out / "config.json").read_text() == "first"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -142,8 +143,22 @@ def ensure_cached(adapter: str | Path | None = None, untrained: bool = False) ->
     (tmp / "minivox_processor.json").write_text(json.dumps({
         "audio_token": proc.audio_token, "trained": ad is not None,
         "adapter": str(ad) if ad else None}, indent=1))
-    os.replace(tmp, out) if not out.exists() else None
+    publish_dir(tmp, out)
     return out
+
+
+def publish_dir(tmp: Path, out: Path) -> None:
+    """Move the finished build ``tmp`` to ``out`` atomically; when another process published
+    ``out`` first (two processes building the same cache at once), drop ``tmp``: either way
+    no ``.tmp*`` directory is left behind."""
+    if not out.exists():
+        try:
+            os.replace(tmp, out)
+            return
+        except OSError:
+            if not out.exists():
+                raise
+    shutil.rmtree(tmp)
 
 
 def compact_adapter(src: str | Path, dst: str | Path) -> Path:
