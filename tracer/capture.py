@@ -106,11 +106,11 @@ class Recorder:
             return
         q_len = query.shape[2]
         first = not self.keys[layer]
-        # clone: a slice is a view that would keep the whole key/value tensor of this call
-        # (prompt + cache) alive — O(steps x context) memory on long audio
         if not first and self._buffered:
             self._record_buffered(layer, query, key, value)
             return
+        # clone: a slice is a view that would keep the whole key/value tensor of this call
+        # (prompt + cache) alive — O(steps x context) memory on long audio
         grab = (lambda t: t.clone()) if self.keep_graph else (lambda t: t.detach().clone())
         self.keys[layer].append(grab(key[0, :, -q_len:, :]))
         if self.store_values:
