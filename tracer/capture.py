@@ -65,9 +65,10 @@ class Recorder:
     With ``decode_capacity`` (the most decode steps the run can take: ``max_new_tokens``) the
     decode steps are written into one buffer per layer and tensor, allocated at the first
     decode step, instead of one small tensor per step: thousands of small allocations
-    interleaved with the KV cache that grows every step fragment glibc's heap, which made the
-    peak RSS of tracing a 2.3-minute minivox clip grow with the decode steps to 4.4 GB, against
-    1.2 GB for the same generation without recording.
+    interleaved with the KV cache that grows every step fragment glibc's heap. With one tensor
+    per step, the peak RSS of tracing a 2.3-minute minivox clip was 1.3-4.4 GB from run to run
+    (RSS growing through the decode steps); with the buffers, 1.4-1.6 GB
+    (``benchmarks/trace_memory.py``).
     """
 
     n_layers: int
