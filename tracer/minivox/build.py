@@ -99,13 +99,20 @@ def save_adapter(path: str | Path, projector: dict[str, torch.Tensor],
     save_file(tensors, str(path), metadata=md)
 
 
+def split_adapter(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor],
+                                                              dict[str, torch.Tensor]]:
+    """``(projector state dict, LoRA factors)`` of an adapter file's tensors, the inverse of
+    :func:`save_adapter`'s key prefixes."""
+    proj = {k.removeprefix("multi_modal_projector."): v for k, v in tensors.items()
+            if k.startswith("multi_modal_projector.")}
+    lora = {k.removeprefix("lora."): v for k, v in tensors.items() if k.startswith("lora.")}
+    return proj, lora
+
+
 def apply_adapter(model: MinivoxForConditionalGeneration, tensors: dict[str, torch.Tensor]) -> None:
     """Load the projector and merge the LoRA factors into the decoder's linear layers."""
-    tensors = {k: v.float() for k, v in tensors.items()}
-    proj = {k[len("multi_modal_projector."):]: v for k, v in tensors.items()
-            if k.startswith("multi_modal_projector.")}
+    proj, lora = split_adapter({k: v.float() for k, v in tensors.items()})
     model.model.multi_modal_projector.load_state_dict(proj)
-    lora = {k[len("lora."):]: v for k, v in tensors.items() if k.startswith("lora.")}
     if lora:
         merge_lora(model.model.language_model, lora)
 
@@ -164,9 +171,7 @@ def publish_dir(tmp: Path, out: Path) -> None:
 def compact_adapter(src: str | Path, dst: str | Path) -> Path:
     """Re-save an adapter in float16 (the shipped form: half the bytes)."""
     tensors, meta = read_adapter(src)
-    proj = {k[len("multi_modal_projector."):]: v for k, v in tensors.items()
-            if k.startswith("multi_modal_projector.")}
-    lora = {k[len("lora."):]: v for k, v in tensors.items() if k.startswith("lora.")}
+    proj, lora = split_adapter(tensors)
     md = {k: json.loads(v) for k, v in meta.items() if k != "format"}
     save_adapter(dst, proj, lora, md, dtype=torch.float16)
     return Path(dst)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .build import REPO_WEIGHTS, build_base, read_adapter, save_adapter
+from .build import REPO_WEIGHTS, build_base, read_adapter, save_adapter, split_adapter
 from .data import parse_shard, read_manifest
 from .lora import add_lora, load_lora_state, lora_state
 from .wer import corpus_wer
@@ -207,10 +207,8 @@ def load_trainable_adapter(model, path: Path) -> None:
     by :func:`~.lora.add_lora` (the factors stay trainable, unlike :func:`~.build.apply_adapter`
     which merges them). Every LoRA module must have factors in the file."""
     tensors, _ = read_adapter(path)
-    model.model.multi_modal_projector.load_state_dict(
-        {k.removeprefix("multi_modal_projector."): v.float() for k, v in tensors.items()
-         if k.startswith("multi_modal_projector.")})
-    lora = {k.removeprefix("lora."): v.float() for k, v in tensors.items() if k.startswith("lora.")}
+    proj, lora = split_adapter({k: v.float() for k, v in tensors.items()})
+    model.model.multi_modal_projector.load_state_dict(proj)
     missing = {k.rsplit(".", 1)[0] for k in set(lora_state(model.model.language_model)) - set(lora)}
     if missing:
         raise ValueError(f"{path}: no LoRA factors for {len(missing)} LoRA modules of the model "
@@ -323,19 +321,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     if init_projector is not None and init_adapter is not None:
         raise ValueError("give --init-projector or --init-adapter, not both")
     last = run / "last.pt"
-    if init_adapter is not None and not last.is_file():
-        load_trainable_adapter(model, init_adapter)
-        if lead:
-            print(f"projector and LoRA initialised from {init_adapter}", flush=True)
-    if init_projector is not None:
-        from safetensors.torch import load_file
-
-        model.model.multi_modal_projector.load_state_dict(load_file(str(init_projector)))
-        factor = match_embedding_norm(model, proc, train_rows[:16], data / "enc_cache")
-        if lead:
-            print(f"projector initialised from {init_projector} (output scaled x{factor:.3f} to "
-                  "the decoder's mean embedding norm)", flush=True)
-    if last.is_file():
+    if last.is_file():  # resume; the initialisations below are for a new run only
         st = torch.load(last, weights_only=True)
         model.model.multi_modal_projector.load_state_dict(st["projector"])
         load_lora_state(model.model.language_model, st["lora"])
@@ -344,6 +330,18 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
         step, best = int(st["step"]), float(st["best"])
         if lead:
             print(f"resumed from {last} at step {step} (best dev WER {best:.4f})", flush=True)
+    elif init_adapter is not None:
+        load_trainable_adapter(model, init_adapter)
+        if lead:
+            print(f"projector and LoRA initialised from {init_adapter}", flush=True)
+    elif init_projector is not None:
+        from safetensors.torch import load_file
+
+        model.model.multi_modal_projector.load_state_dict(load_file(str(init_projector)))
+        factor = match_embedding_norm(model, proc, train_rows[:16], data / "enc_cache")
+        if lead:
+            print(f"projector initialised from {init_projector} (output scaled x{factor:.3f} to "
+                  "the decoder's mean embedding norm)", flush=True)
 
     dev_rows = read_manifest(data, "dev").to_dicts()[: cfg.eval_clips]
     cache_dir = data / "enc_cache"
