@@ -100,6 +100,43 @@ def test_librispeech_style_trans_txt(tmp_path):
     assert [i.reference for i in items] == ["HE HOPED THERE WOULD BE STEW", "STUFF IT INTO YOU"]
 
 
+def _ls_long(root):
+    """The published LibriSpeech-Long archive (v0_1.tar.gz): ``librispeech-long/<split>/<speaker>/
+    <chapter>/<chapter>_<segment:04d>.flac`` with a same-stem ``.txt`` of one line, no newline."""
+    for split, spk, chap, seg, text in [("test-clean", "1089", "134686", 0, "HE HOPED THERE WOULD BE STEW"),
+                                        ("test-clean", "1089", "134686", 1, "STUFF IT INTO YOU"),
+                                        ("test-clean", "121", "121726", 0, "ALSO A POPULAR CONTRIVANCE"),
+                                        ("dev-other", "116", "288045", 0, "AS I APPROACHED THE CITY")]:
+        stem = root / split / spk / chap / f"{chap}_{seg:04d}"
+        _wav(stem.with_suffix(".flac"))
+        stem.with_suffix(".txt").write_text(text)
+    return root
+
+
+def test_librispeech_long_published_layout(tmp_path):
+    root = _ls_long(tmp_path / "librispeech-long")
+    items = load_dataset("librispeech-long", root)
+    assert [i.id for i in items] == ["116-288045-0000", "1089-134686-0000", "1089-134686-0001",
+                                     "121-121726-0000"]
+    assert items[1].reference == "HE HOPED THERE WOULD BE STEW"
+    test = load_dataset("librispeech-long", root, split="test-clean")
+    assert [i.id for i in test] == ["1089-134686-0000", "1089-134686-0001", "121-121726-0000"]
+    assert all("test-clean" in i.audio_path.parts for i in test)
+
+
+def test_librispeech_long_unknown_split_lists_present(tmp_path):
+    root = _ls_long(tmp_path / "librispeech-long")
+    with pytest.raises(DataError, match="test-other.*dev-other, test-clean"):
+        load_dataset("librispeech-long", root, split="test-other")
+
+
+def test_librispeech_long_empty_reference_named(tmp_path):
+    root = _ls_long(tmp_path / "librispeech-long")
+    (root / "test-clean" / "121" / "121726" / "121726_0000.txt").write_text("\n")
+    with pytest.raises(DataError, match="121726_0000.txt: empty reference"):
+        load_dataset("librispeech-long", root, split="test-clean")
+
+
 def test_librispeech_missing_reference_named(tmp_path):
     _wav(tmp_path / "a" / "x.flac")
     with pytest.raises(DataError, match="x.flac: no reference"):

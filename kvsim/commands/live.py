@@ -27,7 +27,7 @@ def live(
     budget: Annotated[str, typer.Option("--budget", "-b", help="Target r_GPU values, comma-separated")] = "1.0",
     reference: Annotated[list[str] | None, typer.Option("--reference", "-r", help="Reference text (or .txt file) per input, in order")] = None,
     dataset: Annotated[str | None, typer.Option(help="Dataset layout: dir | librispeech-long | primock57 | longspeech | manifest")] = None,
-    split: Annotated[str | None, typer.Option(help="Manifest split (manifest datasets); LongSpeech TASK[:LANGUAGE], e.g. ASR:fr")] = None,
+    split: Annotated[str | None, typer.Option(help="Manifest split (manifest datasets); LibriSpeech-Long test-clean etc.; LongSpeech TASK[:LANGUAGE], e.g. ASR:fr")] = None,
     limit: Annotated[int | None, typer.Option(help="Use only the first N inputs")] = None,
     max_seconds: Annotated[float | None, typer.Option(help="Crop audio (and reference) to this length")] = None,
     transform: Annotated[str, typer.Option(help="Input transforms, comma-separated: none, voxzip1, affpool[:retention]")] = "none",

@@ -3,10 +3,14 @@
 Layouts (``kvsim live --dataset KIND ROOT``):
 
 * ``dir`` -- a folder of ``*.wav`` / ``*.flac`` with same-stem ``*.txt`` references.
-* ``librispeech-long`` -- LibriSpeech-style trees, recursive: every ``*.flac``/``*.wav`` takes
-  its reference from a same-stem ``.txt`` or from the chapter's ``<spk>-<chap>.trans.txt``
-  (lines ``<utterance-id> <TEXT>``). The exact published layout of LibriSpeech-Long was not
-  verified offline; both conventions are accepted.
+* ``librispeech-long`` -- LibriSpeech-Long (Park et al. 2024; google-deepmind/librispeech-long).
+  Its archive ``v0_1.tar.gz`` extracts to ``librispeech-long/<split>/<speaker>/<chapter>/
+  <chapter>_<segment:04d>.flac`` with a same-stem ``.txt`` holding the reference on one line
+  (the layout as read by a public corpus job of the archive, rwth-i6 i6_experiments, not by a
+  local copy); splits are ``dev-clean``, ``dev-other``, ``test-clean``, ``test-other``, chosen
+  with ``--split``. Such files get the id ``<speaker>-<chapter>-<segment>``. Plain LibriSpeech
+  trees (``<spk>-<chap>-<utt>.flac`` with the chapter's ``<spk>-<chap>.trans.txt``, lines
+  ``<utterance-id> <TEXT>``) are read too; the search is recursive.
 * ``primock57`` -- the published PriMock57 repository layout (verified on GitHub):
   ``audio/dayD_consultationNN_{doctor,patient}.wav`` and
   ``transcripts/<same stem>.TextGrid`` (one IntervalTier of utterances; ``<UNSURE>x</UNSURE>``
@@ -100,8 +104,27 @@ def from_dir(root: Path) -> list[LiveInput]:
     return out
 
 
-def from_librispeech(root: Path) -> list[LiveInput]:
-    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in AUDIO_EXT)
+_LS_LONG_STEM = re.compile(r"^(\d+)_(\d+)$")
+
+
+def librispeech_id(path: Path) -> str:
+    """``<speaker>-<chapter>-<segment>`` for a LibriSpeech-Long file
+    ``<speaker>/<chapter>/<chapter>_<segment>.flac``; the file stem otherwise."""
+    m = _LS_LONG_STEM.match(path.stem)
+    if m and m.group(1) == path.parent.name and path.parent.parent.name.isdigit():
+        return f"{path.parent.parent.name}-{m.group(1)}-{m.group(2)}"
+    return path.stem
+
+
+def from_librispeech(root: Path, split: str | None = None) -> list[LiveInput]:
+    if split:
+        present = sorted(p.name for p in root.iterdir() if p.is_dir())
+        if split not in present:
+            raise DataError(f"{root}: no split {split!r} (LibriSpeech-Long layout "
+                            f"<split>/<speaker>/<chapter>/); present: {', '.join(present) or 'none'}")
+        root = root / split
+    files = sorted((p for p in root.rglob("*") if p.suffix.lower() in AUDIO_EXT),
+                   key=lambda p: p.relative_to(root).parts)
     if not files:
         raise DataError(f"{root}: no audio files found (LibriSpeech-Long layout)")
     trans: dict[str, str] = {}
@@ -116,10 +139,12 @@ def from_librispeech(root: Path) -> list[LiveInput]:
     out = []
     for p in files:
         txt = p.with_suffix(".txt")
-        ref = txt.read_text().strip() if txt.exists() else trans.get(p.stem)
+        ref = txt.read_text(encoding="utf-8").strip() if txt.exists() else trans.get(p.stem)
         if ref is None:
             raise DataError(f"{p}: no reference ({txt.name} or a .trans.txt line {p.stem})")
-        out.append(LiveInput(p.stem, p, ref))
+        if not ref:
+            raise DataError(f"{txt if txt.exists() else p}: empty reference")
+        out.append(LiveInput(librispeech_id(p), p, ref))
     return out
 
 
@@ -264,7 +289,7 @@ def load_dataset(kind: str, root: Path, split: str | None = None, limit: int | N
         raise DataError(f"--dataset {kind!r}: choose one of {', '.join(DATASETS)}")
     if not root.exists():
         raise DataError(f"{root}: does not exist")
-    if kind in ("manifest", "longspeech"):
+    if kind in ("manifest", "longspeech", "librispeech-long"):
         items = DATASETS[kind](root, split)
     else:
         items = DATASETS[kind](root)
