@@ -22,7 +22,8 @@ Layouts (``kvsim live --dataset KIND ROOT``):
   {``content``: the reference}]. ``--split TASK[:LANGUAGE]`` picks the task file and filters
   rows on their ``language`` field (``asr-fr`` is read as ``ASR:fr``); ``translation`` rows
   are decoded with ``--task translate`` and scored with sacreBLEU. This layout is taken from
-  a public evaluation harness of the dataset, not from a local copy of it: the loader names
+  a public evaluation harness of the dataset (and agrees with two other public users of it),
+  not from a local copy: the loader names
   the file, line and field of anything that does not match, and lists the languages present
   when a filter matches nothing.
 * ``manifest`` -- the project's espeak long-form sets: a ``manifest.parquet`` with columns
