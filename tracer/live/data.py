@@ -140,11 +140,12 @@ def from_librispeech(root: Path, split: str | None = None) -> list[LiveInput]:
     out = []
     for p in files:
         txt = p.with_suffix(".txt")
-        ref = txt.read_text(encoding="utf-8").strip() if txt.exists() else trans.get(p.stem)
+        has_txt = txt.exists()
+        ref = txt.read_text(encoding="utf-8").strip() if has_txt else trans.get(p.stem)
         if ref is None:
             raise DataError(f"{p}: no reference ({txt.name} or a .trans.txt line {p.stem})")
         if not ref:
-            raise DataError(f"{txt if txt.exists() else p}: empty reference")
+            raise DataError(f"{txt if has_txt else p}: empty reference")
         out.append(LiveInput(librispeech_id(p), p, ref))
     return out
 
