@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import numpy as np
 import pytest
@@ -264,6 +265,39 @@ def test_lora_merge_matches_wrapped_forward_and_adapter_roundtrip(tmp_path):
 
         save_file({"x": torch.zeros(1)}, str(tmp_path / "b.safetensors"))
         read_adapter(tmp_path / "b.safetensors")
+
+
+def test_adapter_soup_averages_projector_and_merged_lora_updates_exactly(tmp_path):
+    """A soup's merged LoRA update is the weighted mean of its parts' updates (not of factors)."""
+    from tracer.minivox.build import average_adapters, read_adapter, save_adapter, split_adapter
+
+    g = torch.Generator().manual_seed(0)
+    parts, paths = [], []
+    for i in range(2):
+        proj = {"linear_1.weight": torch.randn(3, 4, generator=g)}
+        lora = {"l.q.lora_A": torch.randn(2, 6, generator=g), "l.q.lora_B": torch.randn(5, 2, generator=g)}
+        paths.append(tmp_path / f"a{i}.safetensors")
+        save_adapter(paths[-1], proj, lora, {"step": i}, dtype=torch.float32)
+        parts.append((proj, lora))
+    w = [0.25, 0.75]
+    out = average_adapters(paths, tmp_path / "soup.safetensors", weights=w, dtype=torch.float32)
+    tensors, meta = read_adapter(out)
+    proj, lora = split_adapter(tensors)
+    assert json.loads(meta["soup"])["weights"] == w
+    torch.testing.assert_close(proj["linear_1.weight"], sum(
+        wi * p["linear_1.weight"] for wi, (p, _) in zip(w, parts, strict=True)))
+    assert lora["l.q.lora_A"].shape == (4, 6)  # ranks add up
+    want = sum(wi * lo["l.q.lora_B"] @ lo["l.q.lora_A"] for wi, (_, lo) in zip(w, parts, strict=True))
+    torch.testing.assert_close(lora["l.q.lora_B"] @ lora["l.q.lora_A"], want)
+    # the mean of the factors would be a different (wrong) update
+    mean_factors = (sum(wi * lo["l.q.lora_B"] for wi, (_, lo) in zip(w, parts, strict=True))
+                    @ sum(wi * lo["l.q.lora_A"] for wi, (_, lo) in zip(w, parts, strict=True)))
+    assert not torch.allclose(mean_factors, want)
+    with pytest.raises(ValueError, match="summing to 1"):
+        average_adapters(paths, tmp_path / "x.safetensors", weights=[0.5, 0.6])
+    save_adapter(tmp_path / "other.safetensors", parts[0][0], {}, {})
+    with pytest.raises(ValueError, match="other.safetensors: its tensors differ"):
+        average_adapters([paths[0], tmp_path / "other.safetensors"], tmp_path / "y.safetensors")
 
 
 def test_training_can_start_from_a_trained_adapter(tiny, tmp_path):

@@ -168,6 +168,41 @@ def publish_dir(tmp: Path, out: Path) -> None:
     shutil.rmtree(tmp)
 
 
+def average_adapters(srcs: list[str | Path], dst: str | Path,
+                     weights: list[float] | None = None,
+                     dtype: torch.dtype = torch.float16) -> Path:
+    """Weight-average adapters of one fine-tuning lineage (a "model soup") into ``dst``.
+
+    Projector weights are averaged. The LoRA updates are averaged exactly: the factors are
+    concatenated along the rank (``A = [A_1; ...; A_n]``, ``B = [w_1 B_1, ..., w_n B_n]``), so
+    that the merged update ``B @ A`` equals ``sum_i w_i B_i @ A_i``; the soup's rank is the sum
+    of the ranks. ``weights`` default to uniform and must sum to 1.
+
+    Averaging only makes sense for checkpoints that share a starting point (e.g. a run and the
+    run it was initialised from with ``--init-adapter``); it is not a fit to any data.
+    """
+    if len(srcs) < 2:
+        raise ValueError("average_adapters needs at least two adapters")
+    w = [1.0 / len(srcs)] * len(srcs) if weights is None else [float(x) for x in weights]
+    if len(w) != len(srcs) or abs(sum(w) - 1.0) > 1e-6 or min(w) < 0:
+        raise ValueError(f"weights {w} must be {len(srcs)} non-negative numbers summing to 1")
+    parts = [split_adapter({k: v.float() for k, v in read_adapter(s)[0].items()}) for s in srcs]
+    for s, (proj, lora) in zip(srcs[1:], parts[1:], strict=True):
+        if proj.keys() != parts[0][0].keys() or lora.keys() != parts[0][1].keys():
+            raise ValueError(f"{s}: its tensors differ from {srcs[0]}'s (not the same architecture "
+                             "or LoRA targets)")
+    proj = {k: sum(wi * p[k] for wi, (p, _) in zip(w, parts, strict=True)) for k in parts[0][0]}
+    lora = {}
+    for k in parts[0][1]:
+        if k.endswith(".lora_A"):
+            lora[k] = torch.cat([lo[k] for _, lo in parts], dim=0)
+        else:
+            lora[k] = torch.cat([wi * lo[k] for wi, (_, lo) in zip(w, parts, strict=True)], dim=1)
+    save_adapter(dst, proj, lora, {"soup": {"adapters": [str(s) for s in srcs], "weights": w}},
+                 dtype=dtype)
+    return Path(dst)
+
+
 def compact_adapter(src: str | Path, dst: str | Path) -> Path:
     """Re-save an adapter in float16 (the shipped form: half the bytes)."""
     tensors, meta = read_adapter(src)
