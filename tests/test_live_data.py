@@ -147,6 +147,8 @@ def test_dir_and_manifest(tmp_path):
     _wav(tmp_path / "d" / "a.wav")
     (tmp_path / "d" / "a.txt").write_text("hello there\n")
     assert load_dataset("dir", tmp_path / "d")[0].reference == "hello there"
+    with pytest.raises(DataError, match="--dataset dir has no splits"):  # not silently ignored
+        load_dataset("dir", tmp_path / "d", split="test")
     _wav(tmp_path / "m" / "audio" / "test_long" / "c0.flac", 3.0)
     pl.DataFrame({"id": ["c0", "c1"], "split": ["test_long", "train"],
                   "audio_path": ["audio/test_long/c0.flac", "audio/train/c1.flac"], "duration": [3.0, 1.0],

@@ -283,6 +283,8 @@ def from_longspeech(root: Path, split: str | None) -> list[LiveInput]:
 
 DATASETS = {"dir": from_dir, "librispeech-long": from_librispeech, "primock57": from_primock57,
             "longspeech": from_longspeech, "manifest": from_manifest}
+# the loaders that take a split (the others read every input under the root)
+SPLIT_DATASETS = ("manifest", "longspeech", "librispeech-long")
 
 
 def load_dataset(kind: str, root: Path, split: str | None = None, limit: int | None = None) -> list[LiveInput]:
@@ -291,8 +293,11 @@ def load_dataset(kind: str, root: Path, split: str | None = None, limit: int | N
         raise DataError(f"--dataset {kind!r}: choose one of {', '.join(DATASETS)}")
     if not root.exists():
         raise DataError(f"{root}: does not exist")
-    if kind in ("manifest", "longspeech", "librispeech-long"):
+    if kind in SPLIT_DATASETS:
         items = DATASETS[kind](root, split)
+    elif split is not None:
+        raise DataError(f"--dataset {kind} has no splits (--split {split!r}); --split applies to "
+                        f"{', '.join(SPLIT_DATASETS)}")
     else:
         items = DATASETS[kind](root)
     return items[:limit] if limit else items
