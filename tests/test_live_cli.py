@@ -55,6 +55,20 @@ def test_live_cli_skips_uncalibrated_policy(tmp_path):
     assert pl.read_parquet(tmp_path / "o" / "runs.parquet")["policy"].to_list() == ["full"]
 
 
+def test_live_cli_ids_select_inputs_in_order(tmp_path):
+    for name in ("a", "b", "c"):
+        sf.write(str(tmp_path / f"{name}.wav"), np.zeros(16000 * 2, np.float32) + 0.01, 16000)
+        (tmp_path / f"{name}.txt").write_text(f"reference {name}")
+    res = CliRunner().invoke(app, ["live", str(tmp_path), "--model", "tiny", "--ids", "c,a",
+                                   "--max-new-tokens", "2", "--no-plot", "-o", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert pl.read_parquet(tmp_path / "o" / "runs.parquet")["input"].to_list() == ["c", "a"]
+    res = CliRunner().invoke(app, ["live", str(tmp_path), "--model", "tiny", "--ids", "a,zz"])
+    assert res.exit_code == 2 and "no input zz among the 3 inputs" in res.output
+    res = CliRunner().invoke(app, ["live", str(tmp_path), "--model", "tiny", "--ids", "a", "--limit", "1"])
+    assert res.exit_code == 2 and "give one of them" in res.output
+
+
 def test_make_plan_combinations():
     from tracer.live.run import make_plan
 

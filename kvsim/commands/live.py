@@ -29,6 +29,7 @@ def live(
     dataset: Annotated[str | None, typer.Option(help="Dataset layout: dir | librispeech-long | primock57 | longspeech | manifest")] = None,
     split: Annotated[str | None, typer.Option(help="Manifest split (manifest datasets); LibriSpeech-Long test-clean etc.; LongSpeech TASK[:LANGUAGE], e.g. ASR:fr")] = None,
     limit: Annotated[int | None, typer.Option(help="Use only the first N inputs")] = None,
+    ids: Annotated[str | None, typer.Option(help="Use only these inputs, comma-separated ids (file stems; manifest ids)")] = None,
     max_seconds: Annotated[float | None, typer.Option(help="Crop audio (and reference) to this length")] = None,
     transform: Annotated[str, typer.Option(help="Input transforms, comma-separated: none, voxzip1, affpool[:retention]")] = "none",
     task: Annotated[str | None, typer.Option(help="transcribe | translate (scored with sacreBLEU); default: the dataset's (LongSpeech translation rows), else transcribe")] = None,
@@ -48,7 +49,7 @@ def live(
 
     from kvsim.specs import parse_budgets
     from kvsim.trace.heads import read_heads
-    from tracer.live.data import DataError, from_paths, load_dataset
+    from tracer.live.data import DataError, from_paths, load_dataset, select_ids
     from tracer.live.decode import LiveConfig
     from tracer.live.models import load_backbone
     from tracer.live.run import LiveJob, make_plan, run_live, wer_chart
@@ -56,6 +57,8 @@ def live(
     torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "1")))
     try:
         plan = make_plan(policy, parse_budgets(budget), transform)
+        if ids and limit:
+            raise DataError("--ids and --limit both select inputs: give one of them")
         if dataset:
             if not inputs or len(inputs) != 1:
                 raise DataError("--dataset takes exactly one root folder (or manifest) argument")
@@ -64,6 +67,8 @@ def live(
             if not inputs:
                 raise DataError("no inputs: give audio files/folders or --dataset KIND ROOT")
             items = from_paths(inputs, reference)[:limit] if limit else from_paths(inputs, reference)
+        if ids:
+            items = select_ids(items, [i.strip() for i in ids.split(",") if i.strip()])
         if task is not None:
             if task not in ("transcribe", "translate"):
                 raise DataError(f"--task {task!r}: transcribe or translate")

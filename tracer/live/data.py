@@ -303,6 +303,18 @@ def load_dataset(kind: str, root: Path, split: str | None = None, limit: int | N
     return items[:limit] if limit else items
 
 
+def select_ids(items: list[LiveInput], ids: list[str]) -> list[LiveInput]:
+    """The inputs named in ``ids``, in that order; an unknown id is an error that lists some
+    of the known ones."""
+    by_id = {it.id: it for it in items}
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        known = ", ".join(list(by_id)[:5]) + (", ..." if len(by_id) > 5 else "")
+        raise DataError(f"--ids: no input {', '.join(missing)} among the {len(by_id)} inputs "
+                        f"({known})")
+    return [by_id[i] for i in ids]
+
+
 def from_paths(paths: list[Path], references: list[str] | None = None) -> list[LiveInput]:
     """Plain audio files on the command line; references from ``--reference`` (a text or a
     .txt file per input) or same-stem .txt files."""
