@@ -179,7 +179,9 @@ def average_adapters(srcs: list[str | Path], dst: str | Path,
     of the ranks. ``weights`` default to uniform and must sum to 1.
 
     Averaging only makes sense for checkpoints that share a starting point (e.g. a run and the
-    run it was initialised from with ``--init-adapter``); it is not a fit to any data.
+    run it was initialised from with ``--init-adapter``); it is not a fit to any data. The soup
+    loads and evaluates like any adapter, but cannot seed ``train --init-adapter`` at the
+    parts' LoRA rank.
     """
     if len(srcs) < 2:
         raise ValueError("average_adapters needs at least two adapters")
