@@ -2,9 +2,9 @@
 answer token, and the jumps of that path.
 
 A speech LLM that transcribes attends, in some of its layers, to the audio of the word it is
-writing; the WnW paper's decode-cumulative distribution (§2.1) is the sum of those moving
-peaks, which is why it spreads over the whole clip while the prefill distribution stays near
-the start. Reading the peak per answer token turns a trace into an alignment path. A path that
+writing; the WnW paper's decode-cumulative distribution (§2.1) averages over those moving
+peaks, consistent with its spreading over the whole clip while the prefill distribution
+concentrates near the start. Reading the peak per answer token turns a trace into an alignment path. A path that
 moves forward with the transcript is a model that stays aligned; a jump back re-reads audio it
 has already transcribed (a repeated sentence), a jump forward skips audio (a dropped one).
 
