@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from kvsim.replay.attention import as_f32, causal_attention
 from kvsim.trace.reader import Trace
+from studies.mismatch import answer_audio_attention
 from tracer.alignment import WordTiming, normalise
 
 
@@ -49,13 +49,10 @@ def layer_attention(trace: Trace) -> np.ndarray:
     over the audio: ``(L, n_answer, T_a)``. Answer query ``i`` sits at position
     ``n_prefill - 1 + i`` and produced the ``i``-th generated token."""
     meta = trace.meta
-    audio = trace.audio_positions
     answer = np.arange(meta.n_prefill - 1, meta.n_positions - 1)
-    rows = np.array([trace.query_index(int(p)) for p in answer])
-    out = np.zeros((meta.model.n_layers, len(answer), len(audio)), dtype=np.float32)
-    for layer in range(meta.model.n_layers):
-        att = causal_attention(as_f32(trace.queries(layer)[:, rows]), as_f32(trace.keys(layer)),
-                               answer)[:, :, audio].mean(0)
+    out = np.zeros((meta.model.n_layers, len(answer), trace.n_audio), dtype=np.float32)
+    for layer, att in enumerate(answer_audio_attention(trace, answer)):
+        att = att.mean(0)
         out[layer] = att / np.clip(att.sum(-1, keepdims=True), 1e-12, None)
     return out
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -65,22 +66,27 @@ def _first_frac(p: np.ndarray, frac: float, start: int = 0) -> float:
     return float(p[:n].sum() / p.sum())
 
 
+def answer_audio_attention(trace: Trace, positions: np.ndarray) -> Iterator[np.ndarray]:
+    """Per layer, the attention of the recorded queries at ``positions`` over the audio keys,
+    ``(H_q, M, T_a)``, not renormalised over the audio."""
+    audio = trace.audio_positions
+    rows = np.array([trace.query_index(int(p)) for p in positions])
+    for layer in range(trace.meta.model.n_layers):
+        q = as_f32(trace.queries(layer)[:, rows])
+        yield causal_attention(q, as_f32(trace.keys(layer)), positions)[:, :, audio]
+
+
 def head_distributions(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """Per-KV-head prefill and decode-cumulative audio distributions, each (L, H_kv, T_a),
     normalised to sum 1 over the audio."""
     meta = trace.meta
-    audio = trace.audio_positions
     g = meta.model.n_q_heads // meta.model.n_kv_heads
     first = meta.n_prefill - 1  # the query that produced the first answer token
     answer_pos = np.arange(first, meta.n_positions)
-    rows = np.array([trace.query_index(int(p)) for p in answer_pos])
     L, Hkv = meta.model.n_layers, meta.model.n_kv_heads
-    pre = np.zeros((L, Hkv, len(audio)))
-    dec = np.zeros((L, Hkv, len(audio)))
-    for layer in range(L):
-        k = as_f32(trace.keys(layer))
-        q = as_f32(trace.queries(layer)[:, rows])
-        att = causal_attention(q, k, answer_pos)[:, :, audio]  # (H_q, M, T_a)
+    pre = np.zeros((L, Hkv, trace.n_audio))
+    dec = np.zeros((L, Hkv, trace.n_audio))
+    for layer, att in enumerate(answer_audio_attention(trace, answer_pos)):  # (H_q, M, T_a)
         att /= att.sum(-1, keepdims=True)
         pre[layer] = att[:, 0].reshape(Hkv, g, -1).mean(1)
         dec[layer] = att.mean(1).reshape(Hkv, g, -1).mean(1)

@@ -99,10 +99,12 @@ def save_adapter(path: str | Path, projector: dict[str, torch.Tensor],
     save_file(tensors, str(path), metadata=md)
 
 
-def split_adapter(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor],
-                                                              dict[str, torch.Tensor]]:
+def split_adapter(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """``(projector state dict, LoRA factors)`` of an adapter file's tensors, the inverse of
-    :func:`save_adapter`'s key prefixes."""
+    :func:`save_adapter`'s key prefixes; cast to ``dtype`` when given."""
+    if dtype is not None:
+        tensors = {k: v.to(dtype) for k, v in tensors.items()}
     proj = {k.removeprefix("multi_modal_projector."): v for k, v in tensors.items()
             if k.startswith("multi_modal_projector.")}
     lora = {k.removeprefix("lora."): v for k, v in tensors.items() if k.startswith("lora.")}
@@ -111,7 +113,7 @@ def split_adapter(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Ten
 
 def apply_adapter(model: MinivoxForConditionalGeneration, tensors: dict[str, torch.Tensor]) -> None:
     """Load the projector and merge the LoRA factors into the decoder's linear layers."""
-    proj, lora = split_adapter({k: v.float() for k, v in tensors.items()})
+    proj, lora = split_adapter(tensors, torch.float32)
     model.model.multi_modal_projector.load_state_dict(proj)
     if lora:
         merge_lora(model.model.language_model, lora)
@@ -188,7 +190,7 @@ def average_adapters(srcs: list[str | Path], dst: str | Path,
     w = [1.0 / len(srcs)] * len(srcs) if weights is None else [float(x) for x in weights]
     if len(w) != len(srcs) or abs(sum(w) - 1.0) > 1e-6 or min(w) < 0:
         raise ValueError(f"weights {w} must be {len(srcs)} non-negative numbers summing to 1")
-    parts = [split_adapter({k: v.float() for k, v in read_adapter(s)[0].items()}) for s in srcs]
+    parts = [split_adapter(read_adapter(s)[0], torch.float32) for s in srcs]
     for s, (proj, lora) in zip(srcs[1:], parts[1:], strict=True):
         if proj.keys() != parts[0][0].keys() or lora.keys() != parts[0][1].keys():
             raise ValueError(f"{s}: its tensors differ from {srcs[0]}'s (not the same architecture "

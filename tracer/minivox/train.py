@@ -207,7 +207,7 @@ def load_trainable_adapter(model, path: Path) -> None:
     by :func:`~.lora.add_lora` (the factors stay trainable, unlike :func:`~.build.apply_adapter`
     which merges them). Every LoRA module must have factors in the file."""
     tensors, _ = read_adapter(path)
-    proj, lora = split_adapter({k: v.float() for k, v in tensors.items()})
+    proj, lora = split_adapter(tensors, torch.float32)
     model.model.multi_modal_projector.load_state_dict(proj)
     missing = {k.rsplit(".", 1)[0] for k in set(lora_state(model.model.language_model)) - set(lora)}
     if missing:
