@@ -21,6 +21,7 @@ from policies.base import (
 )
 from policies.registry import register
 from tests.conftest import make_trace
+from tests.float32_bounds import gamma
 
 
 @register
@@ -205,19 +206,56 @@ def test_snapkv_beats_random_choice_on_window_attention(small_trace: Trace) -> N
 
 
 def test_sharing_logits_gives_same_results_as_separate_runs(small_trace: Trace) -> None:
-    """A run's metrics do not depend on the runs replayed with it, up to float32 rounding
-    (the kept mass and output of all runs are one matrix product per KV-head, whose
-    summation order may depend on its width). Decisions, counts and r_GPU are identical."""
+    """A run's metrics do not depend on the runs replayed with it, up to float32 rounding:
+    the kept mass and output of all runs are one matrix product per KV-head, whose summation
+    order may depend on its width and on the CPU's BLAS kernel. Decisions, counts, r_GPU and
+    top-K hits (sums of 0/1) are identical; a full mask is exact by construction."""
     specs = [PolicySpec("snapkv", 0.3), PolicySpec("streaming", 0.5), PolicySpec("full", 1.0)]
     together = replay_trace(small_trace, specs)
+    n_audio = len(small_trace.audio_positions)
+    # recall = kept / full mass, each a sum of n_audio non-negative float32 terms (γ_n
+    # relative each), computed once alone and once together: 4·γ_n apart at most
+    recall_tol = 4 * gamma(n_audio)
+    err_tol = _output_error_tolerance(small_trace)
     for spec, joint in zip(specs, together, strict=True):
         (alone,) = replay_trace(small_trace, [spec])
-        for key in ("attn_recall", "output_error", "topk_jaccard"):
-            assert alone.summary[key] == pytest.approx(joint.summary[key], rel=1e-6, abs=1e-9)
+        assert alone.summary["attn_recall"] == pytest.approx(joint.summary["attn_recall"],
+                                                             rel=recall_tol)
+        assert alone.summary["output_error"] == pytest.approx(joint.summary["output_error"],
+                                                              abs=err_tol)
+        # per-head Jaccards are identical ratios of exact 0/1 sums; their float32 mean over
+        # the q-heads may be reduced in another order
+        assert alone.summary["topk_jaccard"] == pytest.approx(
+            joint.summary["topk_jaccard"], rel=2 * gamma(small_trace.head_layout.n_q_heads))
         assert alone.summary["r_gpu"] == joint.summary["r_gpu"]
         assert alone.step_log.equals(joint.step_log)
-    full = together[-1].summary  # the full mask comes out of the same product as the full mass
+    full = together[-1].summary
     assert full["attn_recall"] == 1.0 and full["output_error"] == 0.0 and full["topk_jaccard"] == 1.0
+
+
+def _output_error_tolerance(trace: Trace) -> float:
+    """Bound on how far the replayed output error of one run can move with the summation order
+    of its ``P·V`` products: each output's error is at most ``γ_N·max|v|·√D`` in norm (weights
+    sum to at most 1 after renormalisation), for the compressed and the full output, relative
+    to the smallest full-attention output norm of the trace (computed here in float64)."""
+    heads, meta = trace.head_layout, trace.meta
+    g, d = heads.group, heads.head_dim
+    n = meta.n_positions
+    v_max, out_min = 0.0, np.inf
+    for layer in range(heads.n_layers):
+        keys = np.asarray(trace.keys(layer), dtype=np.float64)[np.arange(heads.n_q_heads) // g]
+        vals = np.asarray(trace.values(layer), dtype=np.float64)[np.arange(heads.n_q_heads) // g]
+        v_max = max(v_max, float(np.abs(vals).max()))
+        for s in range(meta.n_decode):
+            p = meta.n_prefill + s
+            q = np.asarray(trace.queries(layer)[:, trace.query_index(p)], dtype=np.float64)
+            logit = np.einsum("hd,hnd->hn", q, keys[:, : p + 1]) / np.sqrt(d)
+            w = np.exp(logit - logit.max(axis=-1, keepdims=True))
+            out = np.einsum("hn,hnd->hd", w / w.sum(-1, keepdims=True), vals[:, : p + 1])
+            out_min = min(out_min, float(np.linalg.norm(out, axis=-1).min()))
+    # two outputs (compressed, full) per error, each off by at most the bound, plus the
+    # error's own relative perturbation (error <= 2): (2 + 2)·bound / |out|
+    return float(4 * gamma(n) * v_max * np.sqrt(d) / out_min)
 
 
 def test_transfers_and_step_log(small_trace: Trace) -> None:

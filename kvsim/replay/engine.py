@@ -373,12 +373,19 @@ class Replayer:
                     lhs[kv_of_q, top_row, top] = 1.0
                 prod = np.matmul(lhs, M1.transpose(1, 2, 0))  # (H_kv, 2g, R + 1)
                 mass = prod[:, :g].reshape(Hq, R + 1).T
-                mass_k, mass_a = mass[:R], mass[R]
+                mass_a = mass[R]
+                n_res_q = n_res[:, kv_of_q[:, 0]]  # (R, H_q)
+                # a run that keeps every audio position of a KV-head computes the full model
+                # there: its kept mass IS the full mass and its normaliser is 1, by
+                # construction (a matmul's rows may round differently on another CPU)
+                whole = n_res_q == Ta
+                mass_k = np.where(whole, mass_a, mass[:R])
                 with np.errstate(invalid="ignore", divide="ignore"):
                     recall = np.where(mass_a > 0, mass_k / mass_a, 1.0)
                 recall_sum[:, layer] += recall
                 step_recall[:, s] += recall.mean(-1)
-                z = 1.0 - mass_a + mass_k  # (R, H_q) softmax normaliser of the compressed model
+                # (R, H_q) softmax normaliser of the compressed model
+                z = np.where(whole, np.float32(1.0), 1.0 - mass_a + mass_k)
                 fill_runs, fill_rows = fill[layer]
                 if fill_runs:
                     slot = isinstance(fill_rows, slice)  # then computed in place
@@ -387,7 +394,6 @@ class Replayer:
                     kept /= z[fill_runs].reshape(len(fill_runs), Hkv, g, 1)
                     if not slot:
                         buffers[fill_rows, layer] = kept
-                n_res_q = n_res[:, kv_of_q[:, 0]]  # (R, H_q)
                 hits = prod[:, g:, :R].reshape(Hq, R).T if k_top < Ta else n_res_q
                 kc = np.minimum(k_top, n_res_q)
                 step_jaccard[:, s] += (hits / np.maximum(k_top + kc - hits, 1)).mean(-1)
@@ -404,6 +410,7 @@ class Replayer:
                     out_full = out_all[R].reshape(Hq, -1)
                     norm_full = np.maximum(np.linalg.norm(out_full, axis=-1), 1e-30)
                     out_c = out_all[:R].reshape(R, Hq, -1) / z[..., None]
+                    out_c = np.where(whole[..., None], out_full, out_c)  # exact, as above
                     err_sum += (np.linalg.norm(out_c - out_full, axis=-1) / norm_full).mean(-1)
             if want_err:
                 err_n += L
