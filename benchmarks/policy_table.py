@@ -1,9 +1,9 @@
 """The policy comparison table: every policy x r_GPU in {0.2, 0.4, 0.6, 0.8} on the shipped
-traces (means over traces), printed, written to docs/policy_table.md, the chart to
-docs/figures/policy_recall.{html,png}, and, with --readme, into README.md between the
-``<!-- policy-table:start -->`` / ``<!-- policy-table:end -->`` markers.
+traces (means over traces), printed, written into docs/results/policy-table.md between the
+``<!-- policy-table:start -->`` / ``<!-- policy-table:end -->`` markers, and the chart to
+docs/figures/policy_recall.{html,png}.
 
-Usage: python benchmarks/policy_table.py [TRACES...] [--readme]
+Usage: python benchmarks/policy_table.py [TRACES...]
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ COLUMNS = [
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("traces", nargs="*")
-    ap.add_argument("--readme", action="store_true", help="also replace the table in README.md")
     args = ap.parse_args()
     paths = find_traces(args.traces or [default_trace_dir()])
     names = [n for n in registry.available() if not n.startswith("_")]
@@ -60,25 +59,23 @@ def main() -> None:
     table = (frame.group_by("policy", "label", "budget").agg([pl.col(c).mean() for c in numeric])
              .sort("budget", "policy"))
     md = markdown_table(table, COLUMNS)
-    cmd = "python benchmarks/policy_table.py --readme"
+    cmd = "python benchmarks/policy_table.py"
     note = (f"{len(paths)} trace(s): {', '.join(p.name for p in paths)}; {len(specs)} runs per trace "
             f"in {wall:.1f} s on this machine. Reproduce: `{cmd}`.")
     print(md)
     print(note)
-    atomic_write_text(ROOT / "docs" / "policy_table.md", f"# Policy table\n\n{md}\n\n{note}\n")
     for f in save_chart(recall_vs_rgpu(frame, "Attention recall vs r_GPU (shipped traces)"),
                         ROOT / "docs" / "figures" / "policy_recall"):
         print(f"wrote {f}")
-    if args.readme:
-        readme = ROOT / "README.md"
-        text = readme.read_text()
-        start, end = "<!-- policy-table:start -->", "<!-- policy-table:end -->"
-        if start not in text or end not in text:
-            raise SystemExit("README.md has no policy-table markers")
-        head, rest = text.split(start, 1)
-        _, tail = rest.split(end, 1)
-        atomic_write_text(readme, f"{head}{start}\n{md}\n\n{note}\n{end}{tail}")
-        print("updated README.md")
+    page = ROOT / "docs" / "results" / "policy-table.md"
+    text = page.read_text()
+    start, end = "<!-- policy-table:start -->", "<!-- policy-table:end -->"
+    if start not in text or end not in text:
+        raise SystemExit(f"{page}: no policy-table markers")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    atomic_write_text(page, f"{head}{start}\n{md}\n\n{note}\n{end}{tail}")
+    print(f"updated {page}")
 
 
 if __name__ == "__main__":
