@@ -99,10 +99,13 @@ def test_attention_from_trace_matches_eager(traced):
                 checked += 1
     assert checked == m.n_layers * m.n_q_heads * len(trace.query_positions)
     assert worst < 1e-5, worst
-    # the observation window: prompt positions after the audio, incl. the last prompt position
+    # the observation window: the last 32 prompt positions (AudioKV's window, WnW App. F),
+    # audio included when fewer than 32 positions follow the audio (Voxtral's transcription prompt)
     audio = trace.audio_positions
-    assert trace.query_positions[0] == audio[-1] + 1
-    assert n0 - 1 in trace.query_positions
+    assert np.array_equal(trace.window_positions, np.arange(n0 - 32, n0))
+    n_after = n0 - 1 - int(audio[-1])
+    assert np.isin(audio, trace.window_positions).sum() == max(0, 32 - n_after)
+    assert (n_after < 32) == (kind == "voxtral")
     assert np.array_equal(trace.query_positions[trace.query_positions >= n0],
                           np.arange(n0, trace.meta.n_positions))
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from kvsim.trace import ModelFacts, TraceData, TraceMeta, positions_frame
+from kvsim.trace.schema import OBSERVATION_WINDOW, observation_window
 from kvsim.trace.writer import default_provenance
 from policies.base import HeadScores
 from tracer.alignment import TokenAlignment
@@ -31,6 +32,8 @@ class TraceOptions:
     store_values: bool = False
     storage_dtype: str = "float16"  #: float16 or float32 (float16 falls back to float32 on overflow)
     min_new_tokens: int = 0  #: benchmarks: force a fixed answer length
+    #: prompt positions whose queries are stored (the last ones; AudioKV's window, WnW App. F)
+    observation_window: int = OBSERVATION_WINDOW
     prompt: PromptSpec = field(default_factory=PromptSpec)
 
 
@@ -43,6 +46,7 @@ class Generation:
     tensors: dict[str, torch.Tensor]  #: keys/values (L,H_kv,N,D), queries (L,H_q,N_q,D), fp32
     prefill_s: float
     total_s: float
+    window_start: int  #: first prompt position of the observation window
 
     @property
     def n_positions(self) -> int:
@@ -50,7 +54,7 @@ class Generation:
 
     @property
     def query_positions(self) -> np.ndarray:
-        return np.arange(self.prepared.window_start, self.n_positions, dtype=np.int64)
+        return np.arange(self.window_start, self.n_positions, dtype=np.int64)
 
 
 def greedy_kwargs(max_new_tokens: int) -> dict[str, Any]:
@@ -70,7 +74,8 @@ def generate_traced(backbone: Backbone, prepared: Prepared, options: TraceOption
         if on_step is not None:
             on_step(i)
 
-    rec = Recorder(facts.n_layers, prepared.window_start, store_values=options.store_values,
+    window_start = observation_window(prepared.n_prompt, options.observation_window).start
+    rec = Recorder(facts.n_layers, window_start, store_values=options.store_values,
                    on_step=step, decode_capacity=options.max_new_tokens)
     t0 = time.perf_counter()
     with torch.no_grad(), recording(rec):
@@ -94,7 +99,7 @@ def generate_traced(backbone: Backbone, prepared: Prepared, options: TraceOption
     if tensors["keys"].shape[2] != n:
         raise RuntimeError(f"recorded {tensors['keys'].shape[2]} key positions, expected {n}")
     prefill = (first_step[0] - t0) if first_step else total
-    return Generation(prepared, tokens, tensors, prefill, total)
+    return Generation(prepared, tokens, tensors, prefill, total, window_start)
 
 
 def _sync(backbone: Backbone) -> None:

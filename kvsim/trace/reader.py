@@ -202,11 +202,13 @@ class Trace:
 
     @cached_property
     def window_positions(self) -> np.ndarray:
-        """Prompt positions after the last audio position that have a stored query: the
-        observation window of SnapKV-like scoring (includes the prompt's last position)."""
+        """Prompt positions that have a stored query: the observation window of SnapKV-like
+        scoring, ending at the prompt's last position. The tracer stores the last
+        :data:`~kvsim.trace.schema.OBSERVATION_WINDOW` (32) prompt positions, audio included
+        when fewer text positions follow the audio; older traces stored the prompt positions
+        after the audio only, and their window is what they stored."""
         qp = self.query_positions
-        last_audio = self.audio_positions[-1] if self.n_audio else -1
-        return qp[(qp > last_audio) & (qp < self.meta.n_prefill)]
+        return qp[qp < self.meta.n_prefill]
 
     @property
     def head_layout(self) -> HeadLayout:

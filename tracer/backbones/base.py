@@ -59,11 +59,6 @@ class Prepared:
     def n_prompt(self) -> int:
         return len(self.input_ids)
 
-    @property
-    def window_start(self) -> int:
-        """First prompt position after the audio (start of the observation window)."""
-        return int(self.audio_positions[-1]) + 1 if len(self.audio_positions) else 0
-
 
 def torch_dtype(name: str) -> torch.dtype:
     try:

@@ -106,7 +106,7 @@ def run_live(lm: LiveModel, job: LiveJob, out: Path | None = None,
             t_transform = time.perf_counter() - t0
             # a shared prefill cache would sit on the accelerator and inflate physical-path memory
             share = job.share_prefill and not (job.cfg.physical and lm.device.type == "cuda")
-            shared = prefill_once(lm, prompt) if share else None
+            shared = prefill_once(lm, prompt, job.cfg.observation_window) if share else None
             for spec in [p.spec for p in job.plan if p.transform == tname]:
                 key = (tname, spec.label, spec.budget)
                 if key in failed:
