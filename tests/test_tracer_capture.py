@@ -157,6 +157,22 @@ def test_audio_positions_and_spans(traced):
     assert (kinds[trace.meta.n_prefill:] == "generated").all()
 
 
+def test_padding_marks_what_each_processor_pads(traced):
+    """Voxtral pads the input to a 30 s window: the 3.3 s clip's tokens 0..41 start before
+    3.3 s (41 x 80 ms = 3.28 s) and hold audio, tokens 42..374 come from the padding. Qwen2.5-
+    Omni emits placeholders for the real frames only (feature_attention_mask): no padding."""
+    kind, ckpt, wav, trace = traced
+    assert trace.padding_recorded
+    audio = trace.audio_positions
+    if kind == "voxtral":
+        np.testing.assert_array_equal(trace.padding_positions, audio[42:])
+    else:
+        assert len(trace.padding_positions) == 0
+    assert trace.meta.audio["n_padding_tokens"] == len(trace.padding_positions)
+    kinds = trace.positions["kind"].to_numpy()
+    assert (kinds[trace.padding_positions] == "audio").all()
+
+
 def sf_duration(path) -> float:
     import soundfile as sf
 
@@ -176,8 +192,11 @@ def test_long_audio_is_not_truncated(kind, tmp_path_factory):
     tr = validate_trace(d / "t" / "long.kvtrace")
     if kind == "voxtral":
         assert tr.n_audio == 750 and tr.meta.audio["n_chunks"] == 2
+        # tokens starting at or after 35 s (438 x 80 ms = 35.04 s) come from padding
+        np.testing.assert_array_equal(tr.padding_positions, tr.audio_positions[438:])
     else:
         assert abs(tr.n_audio - 35 * 25) <= 1
+        assert tr.padding_recorded and len(tr.padding_positions) == 0
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -149,6 +149,10 @@ def build_trace(backbone: Backbone, clip: AudioClip, gen: Generation, options: T
     positions = positions.with_columns(
         pl.Series("word_confidence", [None if not np.isfinite(c) else float(c) for c in conf],
                   dtype=pl.Float64))
+    if p.audio_padding is not None:
+        padding = np.zeros(n, dtype=bool)
+        padding[p.audio_positions] = p.audio_padding
+        positions = positions.with_columns(pl.Series("padding", padding, dtype=pl.Boolean))
     text = backbone.decode(gen.tokens)
     stopped = "eos" if gen.tokens[-1] in backbone.eos_ids else "max_new_tokens"
     prov = default_provenance()
@@ -181,6 +185,7 @@ def build_trace(backbone: Backbone, clip: AudioClip, gen: Generation, options: T
         "source_sample_rate": clip.source_rate, "source_channels": clip.source_channels,
         "n_audio_tokens": int(len(p.audio_positions)),
         "first_audio_position": int(p.audio_positions[0]) if len(p.audio_positions) else None,
+        "n_padding_tokens": None if p.audio_padding is None else int(p.audio_padding.sum()),
         **p.audio,
     }
     meta = TraceMeta(model=facts, n_positions=n, n_prefill=p.n_prompt, n_decode=n_dec,

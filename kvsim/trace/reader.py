@@ -200,6 +200,20 @@ class Trace:
     def n_audio(self) -> int:
         return len(self.audio_positions)
 
+    @property
+    def padding_recorded(self) -> bool:
+        """Whether the trace says which audio positions are padding (optional column)."""
+        return "padding" in self.positions.columns
+
+    @cached_property
+    def padding_positions(self) -> np.ndarray:
+        """Absolute positions of audio tokens encoded from padding past the end of the input
+        (ascending); empty when none, or when the trace does not record it (see
+        :attr:`padding_recorded`)."""
+        if not self.padding_recorded:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self.positions["padding"].fill_null(False).to_numpy()).astype(np.int64)
+
     @cached_property
     def window_positions(self) -> np.ndarray:
         """Prompt positions that have a stored query: the observation window of SnapKV-like

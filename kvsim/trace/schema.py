@@ -61,6 +61,9 @@ POSITION_COLUMNS: dict[str, pl.DataType] = {
 #: Optional columns: checked for type when present.
 OPTIONAL_POSITION_COLUMNS: dict[str, pl.DataType] = {
     "word_confidence": pl.Float64(),  # aligner confidence of the word (voice-score filter)
+    # audio positions the encoder produced from padding beyond the end of the input (Whisper-
+    # style 30 s windows); absent in traces recorded before it was kept: unknown
+    "padding": pl.Boolean(),
 }
 
 
