@@ -202,18 +202,20 @@ def test_long_audio_is_not_truncated(kind, tmp_path_factory):
 @pytest.mark.parametrize("kind", KINDS)
 def test_translate_prompt_and_position_kinds(kind, tmp_path_factory):
     """--task translate builds the chat prompt with the instruction after the audio; the
-    observation window then holds text positions; system turns/special tokens are 'system'."""
+    observation window (``--window 8``: the last 8 prompt positions) then holds text positions;
+    system turns/special tokens are 'system'."""
     ckpt = tiny_checkpoint(kind, tmp_path_factory.getbasetemp())
     d = tmp_path_factory.mktemp(f"tr-{kind}")
     wav = write_tone(d / "x.wav", 2.0)
     res = CliRunner().invoke(app, ["trace", str(wav), "--model", str(ckpt), "--out", str(d / "t"),
                                    "--task", "translate", "--language", "fr",
-                                   "--max-new-tokens", "2", "--aligner", "none"])
+                                   "--max-new-tokens", "2", "--aligner", "none", "--window", "8"])
     assert res.exit_code == 0, res.output
     tr = validate_trace(d / "t" / "x.kvtrace")
     assert "French" in tr.meta.prompt
     kinds = tr.positions["kind"].to_numpy()
     window = tr.window_positions
+    np.testing.assert_array_equal(window, np.arange(tr.meta.n_prefill - 8, tr.meta.n_prefill))
     assert (kinds[window] == "text").any()
     assert kinds[0] == "system"
     if kind == "qwen-omni":  # the whole system turn
