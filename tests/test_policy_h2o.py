@@ -141,9 +141,10 @@ def test_engine_accumulates_compressed_attention() -> None:
             keys = np.asarray(trace.keys(layer), dtype=np.float64)  # (H_kv, N, D)
             kq = keys[np.arange(heads.n_q_heads) // g]  # (H_q, N, D)
             resident = run.tiers[0][layer] == Tier.GPU  # static after prefill
-            for p in trace.window_positions:
+            for p in trace.window_positions:  # audio ones too: causal, keys after p get 0
                 q = np.asarray(trace.queries(layer)[:, trace.query_index(int(p))], dtype=np.float64)
-                logit = np.einsum("hd,hnd->hn", q, kq[:, : p + 1]) / np.sqrt(d)
+                logit = np.einsum("hd,hnd->hn", q, kq) / np.sqrt(d)
+                logit[:, p + 1:] = -np.inf
                 w = np.exp(logit - logit.max(axis=-1, keepdims=True))
                 att = (w / w.sum(axis=-1, keepdims=True))[:, audio]
                 window_part[layer] += kv_group_sum(att, g)
@@ -161,4 +162,6 @@ def test_engine_accumulates_compressed_attention() -> None:
     gained = pol.scores - window_part
     kept = run.tiers[0] == Tier.GPU
     assert gained[kept].sum() > 0.5  # decode steps added attention to resident positions
-    assert np.allclose(gained[~kept], 0.0)  # evicted positions receive none
+    # evicted positions receive none: what is left is the float32 rounding of the policy's
+    # window scores against the float64 reference (same atol as the comparison above)
+    assert np.allclose(gained[~kept], 0.0, atol=1e-6)
