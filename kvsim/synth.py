@@ -11,7 +11,8 @@ a random orthogonal matrix per (layer, KV-head) so that no feature sits on one c
 * decode queries of **frontier** heads point at ``c(f_j)`` where the frontier ``f_j`` sweeps
   through the audio as tokens are generated (speech is time-ordered, WnW §2.1); **diffuse**
   heads have weak, random queries; **sink** heads keep attending to the audio start;
-* the prompt's observation-window queries (prefill) lean on sink + tilt, which reproduces the
+* the prompt's observation-window queries (the last 32 prompt positions, audio included; prefill)
+  lean on sink + tilt, which reproduces the
   prefill attention sink.
 
 Ground-truth head scores are stored with the trace: the voice score is the expected hit ratio
@@ -27,7 +28,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from kvsim.shapes import get_shape
-from kvsim.trace.schema import ModelFacts, TraceMeta
+from kvsim.trace.schema import OBSERVATION_WINDOW, ModelFacts, TraceMeta, observation_window
 from kvsim.trace.writer import TraceData, default_provenance, positions_frame
 from policies.base import HeadScores
 
@@ -43,7 +44,9 @@ class SynthConfig:
     decode_steps: int = 120
     seed: int = 0
     n_system: int = 6  #: system/text positions before the audio (position 0 is the BOS sink)
-    n_text_after: int = 12  #: prompt text after the audio = the observation window
+    n_text_after: int = 12  #: prompt text after the audio
+    #: stored prompt queries: the last 32 prompt positions (audio included), as the tracer
+    observation_window: int = OBSERVATION_WINDOW
     store_values: bool = True
     # feature strengths, in logit units (tuned so the default trace lands near WnW §2.1)
     role_mix: tuple[float, float, float] = (0.55, 0.3, 0.15)  #: frontier, diffuse, sink
@@ -105,9 +108,13 @@ def synthesize(cfg: SynthConfig) -> TraceData:
     frontier, word_edges, word_of_step = _frontier(rng, n_audio, n_decode, cfg.tokens_per_word)
 
     # query positions: observation window + every decode step
-    window = np.arange(a0 + n_audio, n_prefill)
+    window = np.asarray(observation_window(n_prefill, cfg.observation_window), dtype=np.int64)
     qpos = np.concatenate([window, np.arange(n_prefill, N)])
     W = len(window)
+    # window rows at or before the audio's end draw their noise from a stream of their own, so
+    # the rest of the trace is the one a window of the text after the audio gave
+    n_early = int((window < a0 + n_audio).sum())
+    early_rng = np.random.default_rng([cfg.seed, 1])
 
     keys = np.empty((L, Hkv, N, D), dtype=np.float32)
     queries = np.empty((L, Hq, len(qpos), D), dtype=np.float32)
@@ -156,7 +163,8 @@ def synthesize(cfg: SynthConfig) -> TraceData:
                 else:  # sink head
                     qf[W:, i_sink] = rng.uniform(*cfg.sink_head_decode)
                     qf[W:, i_tilt] = rng.uniform(0.0, 1.0)
-                qf[:, i_noise] = rng.normal(0, cfg.noise, (len(qpos), n_noise))
+                qf[n_early:, i_noise] = rng.normal(0, cfg.noise, (len(qpos) - n_early, n_noise))
+                qf[:n_early, i_noise] = early_rng.normal(0, cfg.noise, (n_early, n_noise))
                 # logits = qf·feat_k (before rotation); store q so that q·k/√D equals that
                 queries[layer, h] = (qf @ rot) * sqrt_d
 

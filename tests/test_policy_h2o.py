@@ -144,9 +144,10 @@ def test_engine_accumulates_compressed_attention() -> None:
             keys = np.asarray(trace.keys(layer), dtype=np.float64)  # (H_kv, N, D)
             kq = keys[np.arange(heads.n_q_heads) // g]  # (H_q, N, D)
             resident = run.tiers[0][layer] == Tier.GPU  # static after prefill
-            for p in trace.window_positions:
+            for p in trace.window_positions:  # audio ones too: causal, keys after p get 0
                 q = np.asarray(trace.queries(layer)[:, trace.query_index(int(p))], dtype=np.float64)
-                logit = np.einsum("hd,hnd->hn", q, kq[:, : p + 1]) / np.sqrt(d)
+                logit = np.einsum("hd,hnd->hn", q, kq) / np.sqrt(d)
+                logit[:, p + 1:] = -np.inf
                 w = np.exp(logit - logit.max(axis=-1, keepdims=True))
                 att = (w / w.sum(axis=-1, keepdims=True))[:, audio]
                 rel = softmax_rel_bound(logit_bound(q, kq[:, : p + 1]), p + 1)

@@ -99,10 +99,13 @@ def test_attention_from_trace_matches_eager(traced):
                 checked += 1
     assert checked == m.n_layers * m.n_q_heads * len(trace.query_positions)
     assert worst < 1e-5, worst
-    # the observation window: prompt positions after the audio, incl. the last prompt position
+    # the observation window: the last 32 prompt positions (AudioKV's window, WnW App. F),
+    # audio included when fewer than 32 positions follow the audio (Voxtral's transcription prompt)
     audio = trace.audio_positions
-    assert trace.query_positions[0] == audio[-1] + 1
-    assert n0 - 1 in trace.query_positions
+    assert np.array_equal(trace.window_positions, np.arange(n0 - 32, n0))
+    n_after = n0 - 1 - int(audio[-1])
+    assert np.isin(audio, trace.window_positions).sum() == max(0, 32 - n_after)
+    assert (n_after < 32) == (kind == "voxtral")
     assert np.array_equal(trace.query_positions[trace.query_positions >= n0],
                           np.arange(n0, trace.meta.n_positions))
 
@@ -154,6 +157,22 @@ def test_audio_positions_and_spans(traced):
     assert (kinds[trace.meta.n_prefill:] == "generated").all()
 
 
+def test_padding_marks_what_each_processor_pads(traced):
+    """Voxtral pads the input to a 30 s window: the 3.3 s clip's tokens 0..41 start before
+    3.3 s (41 x 80 ms = 3.28 s) and hold audio, tokens 42..374 come from the padding. Qwen2.5-
+    Omni emits placeholders for the real frames only (feature_attention_mask): no padding."""
+    kind, ckpt, wav, trace = traced
+    assert trace.padding_recorded
+    audio = trace.audio_positions
+    if kind == "voxtral":
+        np.testing.assert_array_equal(trace.padding_positions, audio[42:])
+    else:
+        assert len(trace.padding_positions) == 0
+    assert trace.meta.audio["n_padding_tokens"] == len(trace.padding_positions)
+    kinds = trace.positions["kind"].to_numpy()
+    assert (kinds[trace.padding_positions] == "audio").all()
+
+
 def sf_duration(path) -> float:
     import soundfile as sf
 
@@ -173,25 +192,30 @@ def test_long_audio_is_not_truncated(kind, tmp_path_factory):
     tr = validate_trace(d / "t" / "long.kvtrace")
     if kind == "voxtral":
         assert tr.n_audio == 750 and tr.meta.audio["n_chunks"] == 2
+        # tokens starting at or after 35 s (438 x 80 ms = 35.04 s) come from padding
+        np.testing.assert_array_equal(tr.padding_positions, tr.audio_positions[438:])
     else:
         assert abs(tr.n_audio - 35 * 25) <= 1
+        assert tr.padding_recorded and len(tr.padding_positions) == 0
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_translate_prompt_and_position_kinds(kind, tmp_path_factory):
     """--task translate builds the chat prompt with the instruction after the audio; the
-    observation window then holds text positions; system turns/special tokens are 'system'."""
+    observation window (``--window 8``: the last 8 prompt positions) then holds text positions;
+    system turns/special tokens are 'system'."""
     ckpt = tiny_checkpoint(kind, tmp_path_factory.getbasetemp())
     d = tmp_path_factory.mktemp(f"tr-{kind}")
     wav = write_tone(d / "x.wav", 2.0)
     res = CliRunner().invoke(app, ["trace", str(wav), "--model", str(ckpt), "--out", str(d / "t"),
                                    "--task", "translate", "--language", "fr",
-                                   "--max-new-tokens", "2", "--aligner", "none"])
+                                   "--max-new-tokens", "2", "--aligner", "none", "--window", "8"])
     assert res.exit_code == 0, res.output
     tr = validate_trace(d / "t" / "x.kvtrace")
     assert "French" in tr.meta.prompt
     kinds = tr.positions["kind"].to_numpy()
     window = tr.window_positions
+    np.testing.assert_array_equal(window, np.arange(tr.meta.n_prefill - 8, tr.meta.n_prefill))
     assert (kinds[window] == "text").any()
     assert kinds[0] == "system"
     if kind == "qwen-omni":  # the whole system turn

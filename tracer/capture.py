@@ -58,7 +58,8 @@ def register_trace_attention() -> str:
 @dataclass
 class Recorder:
     """Collects, per layer, the new keys (and values) of every call and the queries of the
-    positions the trace keeps: prompt positions ``>= window_start`` at prefill, all decode steps.
+    positions the trace keeps: prompt positions ``>= window_start`` at prefill (the observation
+    window, :func:`kvsim.trace.schema.observation_window`), all decode steps.
 
     Tensors stay on the model's device until :meth:`stacked` (one transfer per run).
 

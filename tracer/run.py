@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from kvsim.trace import ModelFacts, TraceData, TraceMeta, positions_frame
+from kvsim.trace.schema import OBSERVATION_WINDOW, observation_window
 from kvsim.trace.writer import default_provenance
 from policies.base import HeadScores
 from tracer.alignment import TokenAlignment
@@ -31,6 +32,8 @@ class TraceOptions:
     store_values: bool = False
     storage_dtype: str = "float16"  #: float16 or float32 (float16 falls back to float32 on overflow)
     min_new_tokens: int = 0  #: benchmarks: force a fixed answer length
+    #: prompt positions whose queries are stored (the last ones; AudioKV's window, WnW App. F)
+    observation_window: int = OBSERVATION_WINDOW
     prompt: PromptSpec = field(default_factory=PromptSpec)
 
 
@@ -43,6 +46,7 @@ class Generation:
     tensors: dict[str, torch.Tensor]  #: keys/values (L,H_kv,N,D), queries (L,H_q,N_q,D), fp32
     prefill_s: float
     total_s: float
+    window_start: int  #: first prompt position of the observation window
 
     @property
     def n_positions(self) -> int:
@@ -50,7 +54,7 @@ class Generation:
 
     @property
     def query_positions(self) -> np.ndarray:
-        return np.arange(self.prepared.window_start, self.n_positions, dtype=np.int64)
+        return np.arange(self.window_start, self.n_positions, dtype=np.int64)
 
 
 def greedy_kwargs(max_new_tokens: int) -> dict[str, Any]:
@@ -70,7 +74,8 @@ def generate_traced(backbone: Backbone, prepared: Prepared, options: TraceOption
         if on_step is not None:
             on_step(i)
 
-    rec = Recorder(facts.n_layers, prepared.window_start, store_values=options.store_values,
+    window_start = observation_window(prepared.n_prompt, options.observation_window).start
+    rec = Recorder(facts.n_layers, window_start, store_values=options.store_values,
                    on_step=step, decode_capacity=options.max_new_tokens)
     t0 = time.perf_counter()
     with torch.no_grad(), recording(rec):
@@ -94,7 +99,7 @@ def generate_traced(backbone: Backbone, prepared: Prepared, options: TraceOption
     if tensors["keys"].shape[2] != n:
         raise RuntimeError(f"recorded {tensors['keys'].shape[2]} key positions, expected {n}")
     prefill = (first_step[0] - t0) if first_step else total
-    return Generation(prepared, tokens, tensors, prefill, total)
+    return Generation(prepared, tokens, tensors, prefill, total, window_start)
 
 
 def _sync(backbone: Backbone) -> None:
@@ -144,6 +149,10 @@ def build_trace(backbone: Backbone, clip: AudioClip, gen: Generation, options: T
     positions = positions.with_columns(
         pl.Series("word_confidence", [None if not np.isfinite(c) else float(c) for c in conf],
                   dtype=pl.Float64))
+    if p.audio_padding is not None:
+        padding = np.zeros(n, dtype=bool)
+        padding[p.audio_positions] = p.audio_padding
+        positions = positions.with_columns(pl.Series("padding", padding, dtype=pl.Boolean))
     text = backbone.decode(gen.tokens)
     stopped = "eos" if gen.tokens[-1] in backbone.eos_ids else "max_new_tokens"
     prov = default_provenance()
@@ -176,6 +185,7 @@ def build_trace(backbone: Backbone, clip: AudioClip, gen: Generation, options: T
         "source_sample_rate": clip.source_rate, "source_channels": clip.source_channels,
         "n_audio_tokens": int(len(p.audio_positions)),
         "first_audio_position": int(p.audio_positions[0]) if len(p.audio_positions) else None,
+        "n_padding_tokens": None if p.audio_padding is None else int(p.audio_padding.sum()),
         **p.audio,
     }
     meta = TraceMeta(model=facts, n_positions=n, n_prefill=p.n_prompt, n_decode=n_dec,

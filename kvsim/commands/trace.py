@@ -49,6 +49,9 @@ def register(app: typer.Typer) -> None:
         store_dtype: str = typer.Option("float16", "--store-dtype",
                                         help="Trace tensor dtype: float16 or float32."),
         values: bool = typer.Option(False, "--values", help="Also store values (V)."),
+        window: int = typer.Option(32, "--window", min=1,
+                                   help="Observation window: store the queries of the last N "
+                                        "prompt positions (32: AudioKV's, WnW App. F)."),
         aligner: str = typer.Option("auto", "--aligner",
                                     help="Word alignment: auto (reference file, else Whisper), "
                                          "reference, whisper, none."),
@@ -106,7 +109,7 @@ def register(app: typer.Typer) -> None:
         cfg = BatchConfig(
             model=model, out_dir=out,
             options=TraceOptions(max_new_tokens=max_new_tokens, store_values=values,
-                                 storage_dtype=store_dtype,
+                                 storage_dtype=store_dtype, observation_window=window,
                                  prompt=PromptSpec(task=task, language=language, text=prompt)),
             load=LoadOptions(device=device, dtype=dtype), reference=reference,
             aligner=aligner, overwrite=overwrite,

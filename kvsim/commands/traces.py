@@ -14,6 +14,8 @@ err = Console(stderr=True, soft_wrap=True)
 
 def info(trace: Annotated[Path, typer.Argument(help="A *.kvtrace directory")]) -> None:
     """Print a summary of a trace."""
+    import numpy as np
+
     from kvsim.trace.reader import Trace
     from kvsim.trace.schema import TraceError
 
@@ -31,8 +33,10 @@ def info(trace: Annotated[Path, typer.Argument(help="A *.kvtrace directory")]) -
                   f"{m.model.n_kv_heads} kv heads x {m.model.head_dim}, {m.model.audio_tokens_per_s:g} audio tok/s"),
         ("positions", f"{m.n_positions} ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))})"),
         ("audio", f"{t.n_audio} tokens = {t.audio_seconds:.1f} s"),
+        ("audio padding", f"{len(t.padding_positions)} tokens" if t.padding_recorded else "not recorded"),
         ("prefill / decode", f"{m.n_prefill} / {m.n_decode} steps"),
-        ("observation window", f"{len(t.window_positions)} queries"),
+        ("observation window", f"{len(t.window_positions)} prompt queries "
+                               f"({int(np.isin(t.window_positions, t.audio_positions).sum())} audio)"),
         ("values stored", str(m.has_values)),
         ("head scores", "yes (" + (t.head_scores.source if t.head_scores else "") + ")" if m.has_head_scores else "no"),
         ("input transform", str(m.input_transform)),

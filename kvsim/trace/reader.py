@@ -200,13 +200,29 @@ class Trace:
     def n_audio(self) -> int:
         return len(self.audio_positions)
 
+    @property
+    def padding_recorded(self) -> bool:
+        """Whether the trace says which audio positions are padding (optional column)."""
+        return "padding" in self.positions.columns
+
+    @cached_property
+    def padding_positions(self) -> np.ndarray:
+        """Absolute positions of audio tokens encoded from padding past the end of the input
+        (ascending); empty when none, or when the trace does not record it (see
+        :attr:`padding_recorded`)."""
+        if not self.padding_recorded:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self.positions["padding"].fill_null(False).to_numpy()).astype(np.int64)
+
     @cached_property
     def window_positions(self) -> np.ndarray:
-        """Prompt positions after the last audio position that have a stored query: the
-        observation window of SnapKV-like scoring (includes the prompt's last position)."""
+        """Prompt positions that have a stored query: the observation window of SnapKV-like
+        scoring, ending at the prompt's last position. The tracer stores the last
+        :data:`~kvsim.trace.schema.OBSERVATION_WINDOW` (32) prompt positions, audio included
+        when fewer text positions follow the audio; older traces stored the prompt positions
+        after the audio only, and their window is what they stored."""
         qp = self.query_positions
-        last_audio = self.audio_positions[-1] if self.n_audio else -1
-        return qp[(qp > last_audio) & (qp < self.meta.n_prefill)]
+        return qp[qp < self.meta.n_prefill]
 
     @property
     def head_layout(self) -> HeadLayout:

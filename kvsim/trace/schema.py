@@ -31,6 +31,18 @@ TENSORS_FILE = "tensors.safetensors"
 POSITIONS_FILE = "positions.parquet"
 HEADS_FILE = "heads.json"
 
+#: Observation window: the trace stores the queries of the last ``OBSERVATION_WINDOW`` prompt
+#: positions (audio positions included when fewer text positions follow the audio). 32 is
+#: AudioKV's observation window (WnW App. F) and SnapKV's default window.
+OBSERVATION_WINDOW = 32
+
+
+def observation_window(n_prompt: int, size: int = OBSERVATION_WINDOW) -> range:
+    """Prompt positions of the observation window: the last ``size`` of ``n_prompt``."""
+    if size < 1:
+        raise ValueError(f"observation window must be >= 1 position, got {size}")
+    return range(max(0, n_prompt - size), n_prompt)
+
 POSITION_KINDS = ("system", "text", "audio", "generated")
 
 #: Column -> polars dtype of ``positions.parquet``.
@@ -49,6 +61,9 @@ POSITION_COLUMNS: dict[str, pl.DataType] = {
 #: Optional columns: checked for type when present.
 OPTIONAL_POSITION_COLUMNS: dict[str, pl.DataType] = {
     "word_confidence": pl.Float64(),  # aligner confidence of the word (voice-score filter)
+    # audio positions the encoder produced from padding beyond the end of the input (Whisper-
+    # style 30 s windows); absent in traces recorded before it was kept: unknown
+    "padding": pl.Boolean(),
 }
 
 

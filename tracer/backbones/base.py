@@ -54,15 +54,12 @@ class Prepared:
     audio_start_s: np.ndarray  #: per audio position
     audio_end_s: np.ndarray
     audio: dict[str, Any] = field(default_factory=dict)  #: duration, chunks, rate, ...
+    #: per audio position: encoded from padding past the end of the input (None: unknown)
+    audio_padding: np.ndarray | None = None
 
     @property
     def n_prompt(self) -> int:
         return len(self.input_ids)
-
-    @property
-    def window_start(self) -> int:
-        """First prompt position after the audio (start of the observation window)."""
-        return int(self.audio_positions[-1]) + 1 if len(self.audio_positions) else 0
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -221,6 +218,13 @@ class Backbone(ABC):
         if eos is None:
             return set()
         return set(eos) if isinstance(eos, list) else {int(eos)}
+
+    @staticmethod
+    def padding_beyond(audio_start_s: np.ndarray, duration_s: float) -> np.ndarray:
+        """Audio tokens that start at or after the end of the input: encoded from the zeros a
+        Whisper-style processor appends to fill its last 30 s window (a token straddling the
+        end holds some of the input and is not padding)."""
+        return np.asarray(audio_start_s, dtype=np.float64) >= duration_s
 
     def time_grid(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Start/end seconds of ``n`` consecutive audio tokens at this model's rate."""

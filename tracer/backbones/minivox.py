@@ -16,6 +16,9 @@ from tracer.backbones.base import LANGUAGE_NAMES, Backbone, Prepared, PromptSpec
 
 CHUNK_S = 30.0
 TOKENS_PER_CHUNK = 375
+#: What the trace's ``padding`` column marks for this backbone.
+PADDING_RULE = ("the last 30 s window is zero-padded; its audio tokens that start at or after "
+                "the end of the input are padding")
 
 
 class MinivoxBackbone(Backbone):
@@ -57,5 +60,6 @@ class MinivoxBackbone(Backbone):
             kinds=self.kinds_for(ids, system_until=self.chatml_system_end(ids)),
             audio_positions=audio_pos, audio_start_s=start, audio_end_s=end,
             audio={"n_chunks": n_chunks, "chunk_s": CHUNK_S,
-                   "padded_duration_s": n_chunks * CHUNK_S},
+                   "padded_duration_s": n_chunks * CHUNK_S, "padding_rule": PADDING_RULE},
+            audio_padding=self.padding_beyond(start, clip.duration_s),
         )

@@ -25,6 +25,11 @@ from tracer.audio import AudioClip
 from tracer.backbones.base import LANGUAGE_NAMES, Backbone, Prepared, PromptSpec
 
 TOKENS_PER_S = 25.0
+#: Qwen2_5OmniProcessor pads the log-mel to 30 s (``padding="max_length"``) but its
+#: ``feature_attention_mask`` marks the real frames: the placeholders number
+#: ``_get_feat_extract_output_lengths(real frames)`` and the encoder drops the padded frames
+#: (``get_audio_features``), so no audio position comes from padding.
+PADDING_RULE = "placeholders cover only the input's frames (feature_attention_mask): no padding"
 
 SYSTEM_PROMPTS = {
     "transcribe": "You are a speech recognition model.",
@@ -158,5 +163,7 @@ class QwenOmniBackbone(Backbone):
             audio_positions=audio_pos,
             audio_start_s=start,
             audio_end_s=end,
-            audio={"feature_frames": int(inputs["feature_attention_mask"].sum())},
+            audio={"feature_frames": int(inputs["feature_attention_mask"].sum()),
+                   "padding_rule": PADDING_RULE},
+            audio_padding=np.zeros(len(audio_pos), dtype=bool),
         )

@@ -12,6 +12,7 @@ import torch
 
 from kvsim.replay.engine import PolicySpec
 from kvsim.replay.steplog import STEP_LOG_COLUMNS, RunFacts, retention_per_step
+from kvsim.trace.schema import OBSERVATION_WINDOW
 from policies.base import HeadScores, PolicyContext
 from tracer.live.attention import ACTIVE, LIVE_ATTN
 from tracer.live.models import LiveModel, LivePrompt
@@ -43,6 +44,8 @@ class LiveConfig:
     check_invariants: bool = True
     seed: int = 0
     record_tiers: bool = False  #: keep the tiers after prefill and after every step
+    #: prompt positions whose queries the prefill view sees (AudioKV's window, WnW App. F)
+    observation_window: int = OBSERVATION_WINDOW
 
 
 @dataclass
@@ -108,15 +111,17 @@ class Prefilled:
 
 
 @torch.no_grad()
-def prefill_once(lm: LiveModel, prompt: LivePrompt) -> Prefilled:
-    """Run the prefill once, capturing the observation-window queries and prompt keys."""
+def prefill_once(lm: LiveModel, prompt: LivePrompt, window: int = OBSERVATION_WINDOW) -> Prefilled:
+    """Run the prefill once, capturing the observation-window queries (the last ``window``
+    prompt positions) and the prompt keys."""
     from transformers import DynamicCache
 
     from policies import registry
 
     ctx = PolicyContext(heads=lm.layout, n_audio=prompt.n_audio, audio_tokens_per_s=lm.audio_tokens_per_s,
                         n_prefill=prompt.n_prompt)
-    session = LiveSession(registry.make("full", 1.0), ctx, prompt.audio_positions, prompt.n_prompt)
+    session = LiveSession(registry.make("full", 1.0), ctx, prompt.audio_positions, prompt.n_prompt,
+                          window=window)
     cache = DynamicCache(config=lm.model.config)
     token = ACTIVE.set(session)
     try:
@@ -152,7 +157,11 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
                         head_scores=cfg.head_scores, seed=cfg.seed)
     session = LiveSession(policy, ctx, prompt.audio_positions, prompt.n_prompt,
                           label=f"{spec.label}@{spec.budget:g}", physical=cfg.physical,
-                          check_invariants=cfg.check_invariants)
+                          check_invariants=cfg.check_invariants, window=cfg.observation_window)
+    q0 = prefilled.queries[0] if prefilled is not None else None
+    if q0 is not None and q0.shape[1] != len(session.window):
+        raise ValueError(f"the shared prefill holds {q0.shape[1]} window queries, "
+                         f"the run wants {len(session.window)} (observation_window differs)")
     session.dtype_bytes = lm.dtype_bytes
     eos = lm.eos_ids
     cache = DynamicCache(config=model.config) if prefilled is None else copy.deepcopy(prefilled.cache)

@@ -127,7 +127,7 @@ class _ByteTokenizer:
     def __init__(self, vocab: int) -> None:
         self.vocab = vocab
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [4 + (ord(c) - 32) % (self.vocab - 4) for c in text]
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:

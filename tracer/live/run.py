@@ -16,7 +16,7 @@ from kvsim.trace.atomic import atomic_file, atomic_write_text
 from policies.base import MissingCalibrationError
 from tracer.live.data import LiveInput
 from tracer.live.decode import LiveConfig, LiveRun, live_generate, prefill_once
-from tracer.live.metrics import bleu, truncated_wer
+from tracer.live.metrics import WerConfig, bleu, truncated_wer
 from tracer.live.models import LiveModel
 
 
@@ -37,6 +37,7 @@ class LiveJob:
     instruction: str | None = None
     language: str | None = None  #: source (transcribe) / target (translate) language
     share_prefill: bool = True  #: one prefill per (input, transform), copied for every policy
+    wer: WerConfig = WerConfig()  #: truncation unit and averaging of truncated WER (WnW §3.5)
 
 
 def make_plan(policy_args: Sequence[str], budgets: Sequence[float], transforms: str = "none") -> list[PlanItem]:
@@ -69,14 +70,17 @@ def make_plan(policy_args: Sequence[str], budgets: Sequence[float], transforms: 
     return plan
 
 
-def score_row(run: LiveRun, item: LiveInput, reference: str | None) -> dict[str, Any]:
+def score_row(run: LiveRun, item: LiveInput, reference: str | None, tokenizer: Any = None,
+              wer: WerConfig | None = None) -> dict[str, Any]:
+    """One run's row; transcripts get truncated WER in ``tokenizer``'s tokens (WnW §3.5)."""
     row = {"input": item.id, **run.summary, "hypothesis": run.text, "reference": reference}
     if reference:
         if item.task == "translate":
             row["bleu"] = bleu(run.text, reference)
         else:
-            s = truncated_wer(run.text, reference)
-            row.update(wer=s.wer, wer_untruncated=s.wer_untruncated, length_ratio=s.length_ratio)
+            s = truncated_wer(run.text, reference, tokenizer, wer)
+            row.update(wer=s.wer, wer_untruncated=s.wer_untruncated, length_ratio=s.length_ratio,
+                       wer_errors=s.errors, ref_words=s.ref_words)
     return row
 
 
@@ -102,7 +106,7 @@ def run_live(lm: LiveModel, job: LiveJob, out: Path | None = None,
             t_transform = time.perf_counter() - t0
             # a shared prefill cache would sit on the accelerator and inflate physical-path memory
             share = job.share_prefill and not (job.cfg.physical and lm.device.type == "cuda")
-            shared = prefill_once(lm, prompt) if share else None
+            shared = prefill_once(lm, prompt, job.cfg.observation_window) if share else None
             for spec in [p.spec for p in job.plan if p.transform == tname]:
                 key = (tname, spec.label, spec.budget)
                 if key in failed:
@@ -115,7 +119,7 @@ def run_live(lm: LiveModel, job: LiveJob, out: Path | None = None,
                     failed.add(key)
                     log(f"skipping {spec.label}@{spec.budget:g}: {exc}")
                     continue
-                row = score_row(run, item, ref)
+                row = score_row(run, item, ref, lm.tokenizer, job.wer)
                 row.update(transform=tname, transform_s=t_transform, wall_s=time.perf_counter() - t1,
                            model=lm.name, duration_s=prompt.duration_s)
                 rows.append(row)
@@ -130,34 +134,49 @@ def run_live(lm: LiveModel, job: LiveJob, out: Path | None = None,
                         run.step_log.write_parquet(tmp)
                     atomic_write_text(steps_dir / f"{name}.json", json.dumps(run.facts.to_json(), indent=1))
         if out is not None and rows:  # partial results survive an interrupted long run
-            _write(out, pl.DataFrame(rows))
+            _write(out, pl.DataFrame(rows), job.wer.averaging)
     if not rows:
         raise ValueError("no live run completed")
     frame = pl.DataFrame(rows)
     if out is not None:
-        _write(out, frame)
+        _write(out, frame, job.wer.averaging)
     return frame
 
 
-def _write(out: Path, frame: pl.DataFrame) -> None:
+def _write(out: Path, frame: pl.DataFrame, averaging: str = "corpus") -> None:
     with atomic_file(out / "runs.parquet") as tmp:
         frame.write_parquet(tmp)
     with atomic_file(out / "results.parquet") as tmp:
-        aggregate(frame).write_parquet(tmp)
+        aggregate(frame, averaging).write_parquet(tmp)
 
 
-def aggregate(frame: pl.DataFrame) -> pl.DataFrame:
-    """One row per (transform, policy, budget): means over inputs, termination rate."""
+def aggregate(frame: pl.DataFrame, averaging: str = "corpus") -> pl.DataFrame:
+    """One row per (transform, policy, budget): means over inputs, termination rate.
+
+    ``wer`` is the truncated WER of the set: pooled over utterances (``averaging="corpus"``,
+    ``wer_corpus``: errors / reference words, as jiwer over the lists) or the mean of the
+    per-utterance WERs (``"utterance"``, ``wer_utterance_mean``); both columns are kept.
+    """
     keys = ["transform", "policy", "label", "budget", "path"]
     aggs = [pl.len().alias("inputs"),
             pl.col("r_gpu").mean(), pl.col("r_gpu_cpu").mean(), pl.col("r_gpu_vs_original").mean(),
             pl.col("terminated").cast(pl.Float64).mean().alias("termination_rate"),
             pl.col("h2d_mb_per_step").mean(), pl.col("transfers_per_step").mean(),
             pl.col("ms_per_token").mean(), pl.col("input_retention").mean()]
-    for col in ("wer", "wer_untruncated", "length_ratio", "bleu", "physical_h2d_mb_per_step", "peak_mem_mb"):
+    for col in ("wer_untruncated", "length_ratio", "bleu", "physical_h2d_mb_per_step", "peak_mem_mb"):
         if col in frame.columns:
             aggs.append(pl.col(col).mean())
-    return frame.group_by(keys, maintain_order=True).agg(aggs)
+    if "wer" in frame.columns:
+        aggs.append(pl.col("wer").mean().alias("wer_utterance_mean"))
+        if "wer_errors" in frame.columns:  # runs written before the errors were kept have none
+            aggs.append((pl.col("wer_errors").sum() / pl.col("ref_words").sum()).alias("wer_corpus"))
+    out = frame.group_by(keys, maintain_order=True).agg(aggs)
+    if "wer" not in frame.columns:
+        return out
+    if averaging not in ("corpus", "utterance"):
+        raise ValueError(f"WER averaging must be corpus or utterance, got {averaging!r}")
+    pick = "wer_corpus" if averaging == "corpus" and "wer_corpus" in out.columns else "wer_utterance_mean"
+    return out.with_columns(pl.col(pick).alias("wer"))
 
 
 def with_method(results: pl.DataFrame) -> pl.DataFrame:

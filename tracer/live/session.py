@@ -5,7 +5,9 @@ It drives the *same* policy objects through the *same* protocol as the replay en
 (``kvsim/replay/engine.py``, ``policies/base.py``), closed loop:
 
 * prefill runs with full attention; the session records the post-RoPE queries of the
-  observation window (prompt positions after the audio) and the prompt keys, and hands the
+  observation window (the last ``window`` prompt positions, 32 by default as AudioKV's in
+  WnW App. F, audio included when fewer text positions follow the audio) and the prompt
+  keys, and hands the
   policy a :class:`kvsim.replay.engine.WindowPrefillView` (the engine's own) whose
   ``audio_attention`` is the full-model causal softmax of those queries over the prompt,
   restricted to audio columns (H_q, W, T_a);
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 
 from kvsim.replay.engine import InvariantViolation, WindowPrefillView, check_tiers
+from kvsim.trace.schema import OBSERVATION_WINDOW, observation_window
 from policies.base import ArrayQueryView, BufferStepView, Policy, PolicyContext, Tier
 from tracer.live.attention import (
     masked_attention_probs,
@@ -61,11 +64,13 @@ class LiveSession:
     label : name used in error messages
     physical : bool
         Physical offload (:mod:`tracer.live.offload`) instead of masking emulation.
+    window : int
+        Observation window: queries of the last ``window`` prompt positions are recorded.
     """
 
     def __init__(self, policy: Policy, ctx: PolicyContext, audio_positions: np.ndarray,
                  n_prompt: int, label: str = "", physical: bool = False,
-                 check_invariants: bool = True) -> None:
+                 check_invariants: bool = True, window: int = OBSERVATION_WINDOW) -> None:
         self.policy = policy
         self.ctx = ctx
         self.label = label or policy.describe()
@@ -73,10 +78,7 @@ class LiveSession:
         if len(self.audio) == 0:
             raise ValueError("the prompt has no audio positions; nothing to compress")
         self.n_prompt = n_prompt
-        self.window = np.arange(int(self.audio[-1]) + 1, n_prompt)
-        if len(self.window) == 0:
-            # no prompt text after the audio: the last prompt position is the window
-            self.window = np.array([n_prompt - 1])
+        self.window = np.asarray(observation_window(n_prompt, window), dtype=np.int64)
         self.physical = physical
         self.check = check_invariants
         h = ctx.heads
