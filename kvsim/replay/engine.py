@@ -9,6 +9,18 @@ So several policies cost one ``q·Kᵀ`` per step and layer plus cheap masked re
 
 Replay is open loop: the queries are those recorded under the full cache. Live mode
 (closed loop) lives in :mod:`tracer`.
+
+This module holds the public types and the :class:`Replayer` (prefill phase, then the step
+loop, then one summary per run); the units it composes each have one job:
+
+- :mod:`kvsim.replay.tensors` — the recorded tensors and the attention pass per (step, layer);
+- :mod:`kvsim.replay.steploop` — the decode steps of all runs together;
+- :mod:`kvsim.replay.selection` — query-aware ``select`` / ``select_layers``;
+- :mod:`kvsim.replay.buffers` — the compressed attention handed to ``decode_step``;
+- :mod:`kvsim.replay.metrics` — recall, top-K Jaccard and output error, batched over runs;
+- :mod:`kvsim.replay.runstate` — one run's tiers and their update after each step;
+- :mod:`kvsim.replay.logwriter` and :mod:`kvsim.replay.summary` — step log and summary;
+- :mod:`kvsim.replay.invariants` — the protocol checks.
 """
 
 from __future__ import annotations
