@@ -9,11 +9,22 @@ So several policies cost one ``q·Kᵀ`` per step and layer plus cheap masked re
 
 Replay is open loop: the queries are those recorded under the full cache. Live mode
 (closed loop) lives in :mod:`tracer`.
+
+This module holds the public types and the :class:`Replayer` (prefill phase, then the step
+loop, then one summary per run); the units it composes each have one job:
+
+- :mod:`kvsim.replay.tensors` — the recorded tensors and the attention pass per (step, layer);
+- :mod:`kvsim.replay.steploop` — the decode steps of all runs together;
+- :mod:`kvsim.replay.selection` — query-aware ``select`` / ``select_layers``;
+- :mod:`kvsim.replay.buffers` — the compressed attention handed to ``decode_step``;
+- :mod:`kvsim.replay.metrics` — recall, top-K Jaccard and output error, batched over runs;
+- :mod:`kvsim.replay.runstate` — one run's tiers and their update after each step;
+- :mod:`kvsim.replay.logwriter` and :mod:`kvsim.replay.summary` — step log and summary;
+- :mod:`kvsim.replay.invariants` — the protocol checks.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,24 +32,21 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from kvsim.replay.attention import as_f32, causal_attention, gqa_logits, softmax_
-from kvsim.replay.steplog import STEP_LOG_COLUMNS, RunFacts, retention_per_step
+from kvsim.replay.attention import as_f32, causal_attention
+from kvsim.replay.invariants import InvariantViolation, check_capacity, check_tiers
+from kvsim.replay.logwriter import StepLogWriter
+from kvsim.replay.metrics import RunMetrics
+from kvsim.replay.runstate import PolicyRun
+from kvsim.replay.steplog import RunFacts
+from kvsim.replay.steploop import LoopSettings, StepLoop
+from kvsim.replay.summary import quality_summary, retention_summary, transfer_summary
+from kvsim.replay.tensors import TraceTensors
 from kvsim.trace.reader import Trace
 from policies import registry
-from policies.base import (
-    ArrayQueryView,
-    ArrayStepQueryView,
-    BufferStepView,
-    HeadScores,
-    MissingCalibrationError,
-    Policy,
-    PolicyContext,
-    Tier,
-)
+from policies.base import HeadScores, MissingCalibrationError, Policy, PolicyContext
 
-
-class InvariantViolation(AssertionError):
-    """A policy broke a rule of the protocol (DESIGN.md §The policy protocol)."""
+__all__ = ["InvariantViolation", "PolicySpec", "ReplayConfig", "Replayer", "RunResult",
+           "WindowPrefillView", "check_tiers", "replay_trace"]
 
 
 @dataclass(frozen=True)
@@ -137,83 +145,13 @@ class WindowPrefillView:
         return np.ascontiguousarray(self._keys[layer][:, self._audio])
 
 
-# ----------------------------------------------------------------------------- run state
-class _Run:
-    """Mutable state of one policy during a replay."""
-
-    def __init__(self, spec: PolicySpec, policy: Policy, ctx: PolicyContext) -> None:
-        self.spec = spec
-        self.policy = policy
-        L, Hq = ctx.heads.n_layers, ctx.heads.n_q_heads
-        self.tiers: np.ndarray | None = None
-        self.gpu: np.ndarray | None = None  # (L, H_kv, T_a) bool
-        self.buffer = (
-            np.zeros((L, Hq, ctx.n_audio), dtype=np.float32) if policy.needs_step_attention else None
-        )
-        # metrics, filled from the engine's batched accumulators when the replay ends
-        self.recall_sum = np.zeros((L, Hq))
-        self.step_recall = np.zeros(0)
-        self.step_jaccard = np.zeros(0)
-        self.err_sum = 0.0
-        self.err_n = 0
-        # step log: one row per step of the per-run columns (_LOG_SCALARS) and per-layer
-        # transfer counts, filled in place; the run-independent columns are added at the end
-        self.log_scalars: np.ndarray = np.zeros((0, len(_LOG_SCALARS)), dtype=np.int64)
-        self.log_layers: np.ndarray = np.zeros((0, 2, L), dtype=np.int64)
-        self.history: list[np.ndarray] | None = None
-        self.seconds = 0.0
-        self.gpuf: np.ndarray | None = None  # (L, H_kv, T_a) float32, a slot of a shared array
-        self.n_res: np.ndarray | None = None  # (L, H_kv) resident audio per KV-head
-
-    def set_tiers(self, tiers: np.ndarray) -> None:
-        """Adopt new tiers and refresh the derived GPU masks used in the inner loop."""
-        self.tiers = tiers.copy()
-        self.gpu = self.tiers == Tier.GPU
-        if self.gpuf is None:
-            self.gpuf = self.gpu.astype(np.float32)
-        else:
-            self.gpuf[...] = self.gpu
-        if self.n_res is None:
-            self.n_res = self.gpu.sum(-1)
-        else:
-            self.n_res[...] = self.gpu.sum(-1)
-        self.n_gpu = int(self.n_res.sum())
-        self.n_cpu = int(np.count_nonzero(self.tiers == Tier.CPU))
-
-    def update_tiers(self, changed: np.ndarray, before: np.ndarray, after: np.ndarray) -> None:
-        """:meth:`set_tiers` for new tiers that differ from the current ones only at the flat
-        indices ``changed`` (``before`` -> ``after``): the derived arrays are patched there."""
-        np.put(self.tiers, changed, after)  # in place, whatever the memory layout
-        on_gpu = after == Tier.GPU
-        np.put(self.gpu, changed, on_gpu)
-        np.put(self.gpuf, changed, on_gpu)
-        delta = on_gpu.astype(np.int64) - (before == Tier.GPU)
-        row = changed // self.tiers.shape[-1]  # (layer, KV-head) of every change
-        per_row = np.bincount(row, weights=delta, minlength=self.n_res.size)
-        self.n_res += per_row.astype(np.int64).reshape(self.n_res.shape)
-        self.n_gpu += int(delta.sum())
-        self.n_cpu += int(np.count_nonzero(after == Tier.CPU) - np.count_nonzero(before == Tier.CPU))
-
-
-#: step-log columns that differ between runs, in the order of ``_Run.log_scalars``
-_LOG_SCALARS = ("gpu_audio_tokens", "cpu_audio_tokens", "read_audio_tokens", "h2d_tokens",
-                "h2d_bytes", "h2d_transfers", "released_tokens")
-_GPU, _CPU, _READ, _H2D, _H2D_BYTES, _TRANSFERS, _RELEASED = range(len(_LOG_SCALARS))
-
-
-def check_tiers(name: str, tiers: np.ndarray, shape: tuple[int, ...]) -> None:
-    """Shape, dtype and value checks on a tier array returned by a policy."""
-    if not isinstance(tiers, np.ndarray) or tiers.shape != shape:
-        got = getattr(tiers, "shape", type(tiers).__name__)
-        raise InvariantViolation(f"{name}: tiers must be an array of shape {shape}, got {got}")
-    if tiers.dtype != np.uint8:
-        raise InvariantViolation(f"{name}: tiers dtype must be uint8, got {tiers.dtype}")
-    if tiers.size and tiers.max() > Tier.GPU:
-        raise InvariantViolation(f"{name}: tier values must be GONE/CPU/GPU (0/1/2)")
-
-
 class Replayer:
-    """Replays several policy specs over one trace, sharing the attention computation."""
+    """Replays several policy specs over one trace, sharing the attention computation.
+
+    :meth:`run` is a prefill phase (every policy chooses its tiers from the prompt's
+    attention), the decode steps of all runs together (:class:`kvsim.replay.steploop.StepLoop`)
+    and one summary per run.
+    """
 
     def __init__(self, trace: Trace, cfg: ReplayConfig | None = None) -> None:
         self.trace = trace
@@ -225,18 +163,7 @@ class Replayer:
             raise ValueError(f"{trace.path}: trace has no audio positions; nothing to compress")
         self.n_audio = len(self.audio)
         self.n_steps = meta.n_decode if self.cfg.max_steps is None else min(meta.n_decode, self.cfg.max_steps)
-        self.keys32 = [as_f32(trace.keys(layer)) for layer in range(self.heads.n_layers)]
-        self.values32 = (
-            [as_f32(trace.values(layer)) for layer in range(self.heads.n_layers)]
-            if meta.has_values else None
-        )
-        lo, hi = int(self.audio[0]), int(self.audio[-1]) + 1
-        self.audio_index: slice | np.ndarray = (
-            slice(lo, hi) if hi - lo == self.n_audio else self.audio
-        )
-        non_audio = np.ones(meta.n_positions, dtype=bool)
-        non_audio[self.audio] = False
-        self.non_audio = non_audio
+        self.tensors = TraceTensors.load(trace)
         scores = self.cfg.head_scores if self.cfg.head_scores is not None else trace.head_scores
         self.ctx = PolicyContext(
             heads=self.heads,
@@ -249,346 +176,85 @@ class Replayer:
         self.dtype_bytes = np.dtype(meta.model.dtype).itemsize
         self.failures: list[tuple[PolicySpec, str]] = []
 
-    # ------------------------------------------------------------------------- main loop
     def run(self, specs: list[PolicySpec]) -> list[RunResult]:
-        cfg, ctx, heads = self.cfg, self.ctx, self.heads
-        L, Hq, Hkv = heads.n_layers, heads.n_q_heads, heads.n_kv_heads
-        g, Ta = heads.group, self.n_audio
-        shape = (L, Hkv, Ta)
-        runs = [_Run(s, s.make(), ctx) for s in specs]
-        self.failures: list[tuple[PolicySpec, str]] = []
+        """Replay every spec; a policy that cannot run on this trace (no calibration) is left
+        out and reported in :attr:`failures`."""
+        self.failures = []
+        runs = self._prefill(specs)
+        if not runs:
+            return []
+        prefill_r = [float(run.gpu.mean()) for run in runs]
+        cfg = self.cfg
+        settings = LoopSettings(n_steps=self.n_steps, n_audio=self.n_audio,
+                                n_prefill=self.trace.meta.n_prefill, topk=cfg.topk,
+                                error_stride=cfg.error_stride,
+                                check_invariants=cfg.check_invariants)
+        metrics = StepLoop(self.tensors, runs, self.heads, settings).run()
+        return [self._result(run, r0, m) for run, r0, m in zip(runs, prefill_r, metrics, strict=True)]
 
-        window = self.trace.window_positions
-        rows = np.array([self.trace.query_index(int(p)) for p in window], dtype=np.int64)
-        prefill_view = WindowPrefillView(lambda layer: as_f32(self.trace.queries(layer)[:, rows]),
-                                         self.keys32, window, self.audio)
-        for run in list(runs):
-            t0 = time.perf_counter()
+    def _prefill(self, specs: list[PolicySpec]) -> list[PolicyRun]:
+        """Prefill phase: every policy's tiers after the prompt, checked; the runs whose
+        policy could prefill."""
+        shape = (self.heads.n_layers, self.heads.n_kv_heads, self.n_audio)
+        runs = [PolicyRun(s, s.make(), StepLogWriter(self.heads, self.n_audio, self.n_steps,
+                                                     self.dtype_bytes)) for s in specs]
+        view = self._prefill_view()
+        prefilled = []
+        for run in runs:
             try:
-                tiers = run.policy.prefill(ctx, prefill_view)
+                tiers = run.timed(run.policy.prefill, self.ctx, view)
             except MissingCalibrationError as exc:
                 # a policy that cannot run on this trace is reported; the others go on
                 self.failures.append((run.spec, str(exc)))
-                runs.remove(run)
                 continue
-            run.seconds += time.perf_counter() - t0
-            check_tiers(run.spec.label, tiers, shape)
+            check_tiers(run.label, tiers, shape)
             run.set_tiers(tiers)
-            self._check_capacity(run, -1)
-            if cfg.record_tiers:
+            if self.cfg.check_invariants:
+                check_capacity(run.label, run.policy, run.n_gpu, -1)
+            if self.cfg.record_tiers:
                 run.history = [tiers.copy()]
-        prefill_r = {id(r): float(r.gpu.mean()) for r in runs}
+            prefilled.append(run)
+        return prefilled
 
-        k_top = min(cfg.topk, Ta)
-        n_prefill = self.trace.meta.n_prefill
-        ai = self.audio_index
-        kv_of_q = np.arange(Hq)[:, None] // g  # (H_q, 1): KV-head read by each q-head
-        # Every run's GPU mask lives in one array so that the metrics of all runs are computed
-        # by a handful of batched numpy calls per layer and step, whatever the number of runs.
-        # For a query-aware run the slot of a layer holds, during the step, what its select()
-        # read there (written before use); its tiers live in run.tiers / run.gpu.
-        R = len(runs)
-        # Layer-major, so that what a layer reads of every run is one contiguous block.
-        # slot R holds ones: the full audio mass comes out of the same product as every run's
-        # kept mass (same kernel, same summation), so the recall of a full mask is exactly 1
-        masks = np.zeros((L, R + 1, Hkv, Ta), dtype=np.float32)
-        masks[:, R] = 1.0
-        resident = np.zeros((L, R, Hkv), dtype=np.int64)
-        for r, run in enumerate(runs):
-            masks[:, r], resident[:, r] = run.gpuf, run.n_res
-            run.gpuf, run.n_res = masks[:, r], resident[:, r]
-            run.log_scalars = np.zeros((self.n_steps, len(_LOG_SCALARS)), dtype=np.int64)
-            run.log_layers = np.zeros((self.n_steps, 2, L), dtype=np.int64)
-        query_aware = [(r, run) for r, run in enumerate(runs) if run.policy.query_aware]
-        # open loop: every layer's query of a step is known before the step, so the policies
-        # that can select all layers at once do so (select_layers); the others per layer
-        all_layers = [(r, run) for r, run in query_aware if run.policy.selects_all_layers]
-        per_layer = [(r, run) for r, run in query_aware if not run.policy.selects_all_layers]
-        qa_idx = np.array([r for r, _ in per_layer], dtype=np.int64)
-        audio_keys = [k[:, self.audio_index] for k in self.keys32]
-        # the step-attention buffers of all runs that read them, in one array (batched fill);
-        # a layer is filled only for the runs that read it (step_attention_layers), the others
-        # hold NaN so that reading one shows
-        # (those that read every layer first, so that a layer they alone read is a slice)
-        buffered = sorted((r for r, run in enumerate(runs) if run.buffer is not None),
-                          key=lambda r: runs[r].policy.step_attention_layers() is not None)
-        buffers = np.zeros((len(buffered), L, Hkv, g, Ta), dtype=np.float32)
-        readers: list[list[int]] = [[] for _ in range(L)]  # per layer: buffers filled there
-        for b, r in enumerate(buffered):
-            runs[r].buffer = buffers[b].reshape(L, Hq, Ta)
-            layers = runs[r].policy.step_attention_layers()
-            for layer in range(L) if layers is None else sorted(set(layers)):
-                readers[layer].append(b)
-        fill: list[tuple[list[int], list[int] | slice]] = []  # per layer: runs, buffer rows
-        for layer in range(L):
-            rows = readers[layer]
-            buffers[[b for b in range(len(buffered)) if b not in rows], layer] = np.nan
-            fill.append(([buffered[b] for b in rows],
-                         slice(0, len(rows)) if rows == list(range(len(rows))) else rows))
-        # query-aware runs: per step, the layers whose select() returned a mask (checked)
-        checked = np.zeros((R, L), dtype=bool)
-        read_log = np.zeros((R, self.n_steps), dtype=np.int64)
-        # runs whose tiers may change after prefill (or are recorded): _end_step every step
-        stepping = [run for run in runs if run.policy.query_aware or run.history is not None
-                    or type(run.policy).decode_step is not Policy.decode_step]
-        recall_sum = np.zeros((R, L, Hq))
-        step_recall = np.zeros((R, self.n_steps))
-        step_jaccard = np.zeros((R, self.n_steps))
-        err_sum = np.zeros(R)
-        err_n = 0
-        # left operand of the one product per layer and step that gives every run's kept mass
-        # and top-K hits: rows [0, g) of KV-head k hold its q-heads' audio attention, rows
-        # [g, 2g) the one-hot of their top-K positions
-        lhs = np.zeros((Hkv, 2 * g, Ta), dtype=np.float32)
-        lhs_att, lhs_top = lhs[:, :g], lhs[:, g:]
-        top_row = (g + np.arange(Hq) % g)[:, None]  # row of each q-head in the one-hot half
-        for s in range(self.n_steps):
-            p = n_prefill + s
-            qrow = self.trace.query_index(p)
-            want_err = self.values32 is not None and s % cfg.error_stride == 0
-            na = self.non_audio[: p + 1]
-            read = np.zeros(R, dtype=np.int64)
-            queries = [as_f32(self.trace.queries(layer)[:, qrow]) for layer in range(L)]
-            if all_layers:
-                self._select_all(all_layers, s, queries, audio_keys, masks, resident, checked)
-            for layer in range(L):
-                q = queries[layer]
-                P = softmax_(gqa_logits(q, self.keys32[layer][:, : p + 1]))  # (H_q, p+1)
-                Pa3 = P[:, ai].reshape(Hkv, g, Ta)  # a view when the audio is contiguous
-                M1 = masks[layer]  # (R + 1, H_kv, T_a), a contiguous view; M1[R] is all ones
-                M = M1[:R]
-                n_res = resident[layer]  # (R, H_kv)
-                if per_layer:
-                    self._select(per_layer, qa_idx, s, layer, q, M, n_res, checked)
-                read += n_res.sum(-1)
-                # kept audio mass and top-K hits of every run and q-head, and the full audio
-                # mass (slot R): one (2g, T_a) x (T_a, R + 1) product per KV-head.
-                # The top-K Jaccard: the compressed ranking is the full one restricted to the
-                # resident set, so |top_full ∩ top_comp| = resident hits of top_full (sums of
-                # 0/1, exact in float32).
-                lhs_att[...] = Pa3
-                if k_top < Ta:
-                    top = np.argpartition(-Pa3.reshape(Hq, Ta), k_top - 1, axis=-1)[:, :k_top]
-                    lhs_top.fill(0.0)
-                    lhs[kv_of_q, top_row, top] = 1.0
-                prod = np.matmul(lhs, M1.transpose(1, 2, 0))  # (H_kv, 2g, R + 1)
-                mass = prod[:, :g].reshape(Hq, R + 1).T
-                mass_a = mass[R]
-                n_res_q = n_res[:, kv_of_q[:, 0]]  # (R, H_q)
-                # a run that keeps every audio position of a KV-head computes the full model
-                # there: its kept mass IS the full mass and its normaliser is 1, by
-                # construction (a matmul's rows may round differently on another CPU)
-                whole = n_res_q == Ta
-                mass_k = np.where(whole, mass_a, mass[:R])
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    recall = np.where(mass_a > 0, mass_k / mass_a, 1.0)
-                recall_sum[:, layer] += recall
-                step_recall[:, s] += recall.mean(-1)
-                # (R, H_q) softmax normaliser of the compressed model
-                z = np.where(whole, np.float32(1.0), 1.0 - mass_a + mass_k)
-                fill_runs, fill_rows = fill[layer]
-                if fill_runs:
-                    slot = isinstance(fill_rows, slice)  # then computed in place
-                    kept = np.multiply(Pa3, M[fill_runs][:, :, None, :],  # (n, H_kv, g, T_a)
-                                       out=buffers[fill_rows, layer] if slot else None)
-                    kept /= z[fill_runs].reshape(len(fill_runs), Hkv, g, 1)
-                    if not slot:
-                        buffers[fill_rows, layer] = kept
-                hits = prod[:, g:, :R].reshape(Hq, R).T if k_top < Ta else n_res_q
-                kc = np.minimum(k_top, n_res_q)
-                step_jaccard[:, s] += (hits / np.maximum(k_top + kc - hits, 1)).mean(-1)
-                if want_err:
-                    V = self.values32[layer]
-                    Va = V[:, ai]  # (H_kv, T_a, D)
-                    out_na = np.matmul(P[:, na].reshape(Hkv, g, -1), V[:, : p + 1][:, na])
-                    # kept attention of every run and of the full mask (slot R), KV-head-major
-                    # so that each KV-head's output for all of them is one
-                    # ((R + 1)·g, T_a) x (T_a, D) product: a full mask's error is exactly 0
-                    kept = Pa3[:, None] * M1.transpose(1, 0, 2)[:, :, None, :]  # (H_kv, R+1, g, T_a)
-                    out_k = np.matmul(kept.reshape(Hkv, (R + 1) * g, Ta), Va)
-                    out_all = out_na[None] + out_k.reshape(Hkv, R + 1, g, -1).transpose(1, 0, 2, 3)
-                    out_full = out_all[R].reshape(Hq, -1)
-                    norm_full = np.maximum(np.linalg.norm(out_full, axis=-1), 1e-30)
-                    out_c = out_all[:R].reshape(R, Hq, -1) / z[..., None]
-                    out_c = np.where(whole[..., None], out_full, out_c)  # exact, as above
-                    err_sum += (np.linalg.norm(out_c - out_full, axis=-1) / norm_full).mean(-1)
-            if want_err:
-                err_n += L
-            if query_aware and cfg.check_invariants:
-                self._check_reads(query_aware, masks, checked, s)
-            read_log[:, s] = read
-            for run in stepping:
-                self._end_step(run, s)
+    def _prefill_view(self) -> WindowPrefillView:
+        """The observation window's attention over the audio, shared by every policy."""
+        window = self.trace.window_positions
+        rows = np.array([self.trace.query_index(int(p)) for p in window], dtype=np.int64)
+        return WindowPrefillView(lambda layer: as_f32(self.trace.queries(layer)[:, rows]),
+                                 self.tensors.keys, window, self.audio)
 
-        for r, run in enumerate(runs):
-            run.log_scalars[:, _READ] = read_log[r]
-            if run not in stepping:  # tiers never change: the prefill counts at every step
-                run.log_scalars[:, _GPU], run.log_scalars[:, _CPU] = run.n_gpu, run.n_cpu
-            run.recall_sum = recall_sum[r]
-            run.step_recall = step_recall[r]
-            run.step_jaccard = step_jaccard[r]
-            run.err_sum, run.err_n = float(err_sum[r]), err_n
-        return [self._finish(run, prefill_r[id(run)]) for run in runs]
-
-    def _select(self, query_aware: list[tuple[int, _Run]], qa_idx: np.ndarray, s: int,
-                layer: int, q: np.ndarray, M: np.ndarray, n_res: np.ndarray,
-                checked: np.ndarray) -> None:
-        """Call every query-aware run's ``select`` for this layer; write what each reads into
-        its slot of ``M`` (R, H_kv, T_a) and ``n_res`` (R, H_kv)."""
-        qview = ArrayQueryView(s, layer, q, self.keys32[layer][:, self.audio_index], memo={})
-        for r, run in query_aware:
-            t0 = time.perf_counter()
-            sel = run.policy.select(qview)
-            run.seconds += time.perf_counter() - t0
-            # None: it reads every GPU-resident position of its tiers before the step
-            M[r] = run.gpu[layer] if sel is None else sel
-            checked[r, layer] = sel is not None
-        n_res[qa_idx] = M[qa_idx].sum(-1)
-
-    def _select_all(self, runs: list[tuple[int, _Run]], s: int, queries: list[np.ndarray],
-                    audio_keys: list[np.ndarray], masks: np.ndarray, resident: np.ndarray,
-                    checked: np.ndarray) -> None:
-        """``select_layers`` of the runs that select every layer of step ``s`` at once: what
-        each reads at every layer goes to its slots of ``masks`` and ``resident``."""
-        view = ArrayStepQueryView(s, np.stack(queries), audio_keys, memo={})
-        for r, run in runs:
-            t0 = time.perf_counter()
-            reads = run.policy.select_layers(view)
-            run.seconds += time.perf_counter() - t0
-            masks[:, r] = run.gpu if reads is None else reads
-            resident[:, r] = masks[:, r].sum(-1)
-            checked[r] = reads is not None
-
-    def _check_reads(self, query_aware: list[tuple[int, _Run]], masks: np.ndarray,
-                     checked: np.ndarray, s: int) -> None:
-        """Every position a ``select`` read at step ``s`` was on GPU at that layer.
-
-        Checked once per step against the tiers after the step: ``select`` of a layer changes
-        only that layer's tiers (protocol), so they are the tiers it left at its layer.
-        """
-        for r, run in query_aware:
-            cur = run.policy.current_tiers()
-            if cur is None and run.n_gpu == run.tiers.size:
-                continue  # every position on GPU (Quest): nothing can be read off GPU
-            tiers = run.tiers if cur is None else cur
-            off_gpu = ((masks[:, r] != 0) & (tiers != Tier.GPU)).any(axis=-1).any(axis=-1)
-            off_gpu &= checked[r]
-            if off_gpu.any():
-                raise InvariantViolation(
-                    f"{run.spec.label}: select() read audio that is not on GPU "
-                    f"(step {s}, layer {int(np.flatnonzero(off_gpu)[0])})")
-
-    # ------------------------------------------------------------------------- per step
-    def _end_step(self, run: _Run, s: int) -> None:
-        cfg = self.cfg
-        prev = run.tiers
-        t0 = time.perf_counter()
-        if run.policy.query_aware:
-            new = run.policy.current_tiers()
-        else:
-            new = run.policy.decode_step(BufferStepView(s, run.buffer))
-        run.seconds += time.perf_counter() - t0
-        log = run.log_scalars[s]
-        if not (new is None or new is prev and not run.policy.query_aware):
-            check_tiers(run.spec.label, new, prev.shape)
-            # only the positions that changed tier matter: the rest cannot break an invariant,
-            # move, or change a count
-            changed = np.flatnonzero(prev != new)
-            if changed.size:
-                before, after = prev.ravel()[changed], new.ravel()[changed]
-                if cfg.check_invariants and ((before == Tier.GONE) & (after != Tier.GONE)).any():
-                    raise InvariantViolation(
-                        f"{run.spec.label}: a GONE position came back at step {s} "
-                        "(GONE is absorbing)")
-                self._count_transfers(run, s, changed, before, after)
-                run.update_tiers(changed, before, after)
-                self._check_capacity(run, s)
-        log[_GPU] = run.n_gpu
-        log[_CPU] = run.n_cpu
-        if run.history is not None:
-            run.history.append(run.tiers.copy())
-
-    def _count_transfers(self, run: _Run, s: int, changed: np.ndarray, before: np.ndarray,
-                         after: np.ndarray) -> None:
-        """Step-log transfer columns from the positions (flat indices, ascending) that changed
-        tier: CPU→GPU recalls per layer, their contiguous runs along the audio of each
-        (layer, KV-head) row, and the positions leaving GPU."""
-        n_audio, L = self.n_audio, self.heads.n_layers
-        per_layer = self.heads.n_kv_heads * n_audio
-        recalled = changed[(before == Tier.CPU) & (after == Tier.GPU)]
-        layer_of = recalled // per_layer
-        # a recalled position starts a run at the start of its row or after a gap
-        starts = np.ones(recalled.size, dtype=bool)
-        starts[1:] = np.diff(recalled) != 1
-        starts |= recalled % n_audio == 0
-        by_layer = run.log_layers[s]
-        by_layer[0] = np.bincount(layer_of, minlength=L)
-        by_layer[1] = np.bincount(layer_of[starts], minlength=L)
-        log = run.log_scalars[s]
-        log[_H2D] = recalled.size
-        log[_H2D_BYTES] = recalled.size * 2 * self.heads.head_dim * self.dtype_bytes
-        log[_TRANSFERS] = np.count_nonzero(starts)
-        log[_RELEASED] = np.count_nonzero((before == Tier.GPU) & (after != Tier.GPU))
-
-    def _check_capacity(self, run: _Run, s: int) -> None:
-        cap = run.policy.gpu_capacity()
-        if cap is not None and self.cfg.check_invariants:
-            n = run.n_gpu
-            if n > cap:
-                raise InvariantViolation(
-                    f"{run.spec.label}: {n} GPU audio tokens exceed its capacity {cap} at step {s}")
-
-    def _finish(self, run: _Run, prefill_r: float) -> RunResult:
-        ctx, L, Hq = self.ctx, self.heads.n_layers, self.heads.n_q_heads
-        n = max(self.n_steps, 1)
-        context = self.trace.meta.n_prefill + np.arange(self.n_steps, dtype=np.int64) + 1
-        arrays: dict[str, np.ndarray] = {
-            "step": np.arange(self.n_steps, dtype=np.int64),
-            "context_tokens": context,
-            "non_audio_tokens": context - self.n_audio,
-            "h2d_tokens_by_layer": run.log_layers[:, 0],
-            "h2d_transfers_by_layer": run.log_layers[:, 1],
-        }
-        arrays.update({name: run.log_scalars[:, i] for i, name in enumerate(_LOG_SCALARS)})
-        columns = []
-        for name, dtype in STEP_LOG_COLUMNS.items():
-            col = pl.Series(name, np.ascontiguousarray(arrays[name]))
-            columns.append(col if col.dtype == dtype else col.cast(dtype))
-        log = pl.DataFrame(columns)
-        gpu, cpu, read = retention_per_step(log, ctx.audio_kv_total, prefill_r)
-        saves = run.policy.saves_capacity
+    def _result(self, run: PolicyRun, prefill_r: float, metrics: RunMetrics) -> RunResult:
+        """The end-of-run summary, step log and facts of one run."""
+        log = run.log.frame(self.trace.meta.n_prefill)
+        spec = run.spec
         summary = {
             "trace": self.trace.name,
-            "policy": run.spec.name,
-            "label": run.spec.label,
-            "budget": run.spec.budget,
+            "policy": spec.name,
+            "label": spec.label,
+            "budget": spec.budget,
             "steps": self.n_steps,
             "n_audio": self.n_audio,
-            "r_gpu": float(gpu.mean()),
-            "r_gpu_max": float(gpu.max()),
-            "r_gpu_prefill": prefill_r,
-            "r_gpu_cpu": float((gpu + cpu).mean()),
-            "read_fraction": float(read.mean()),
-            "saves_capacity": saves,
-            "attn_recall": float(run.step_recall.sum() / (n * L)),
-            "attn_recall_min_step": float((run.step_recall / L).min()) if self.n_steps else 1.0,
-            "topk_jaccard": float(run.step_jaccard.sum() / (n * L)),
-            "output_error": run.err_sum / run.err_n if run.err_n else float("nan"),
-            "h2d_mb_per_step": float(log["h2d_bytes"].mean() / 1e6) if log.height else 0.0,
-            "transfers_per_step": float(log["h2d_transfers"].mean()) if log.height else 0.0,
+            **retention_summary(log, self.ctx.audio_kv_total, prefill_r),
+            "saves_capacity": run.policy.saves_capacity,
+            **quality_summary(metrics, self.n_steps, self.heads.n_layers),
+            **transfer_summary(log),
             "policy_seconds": run.seconds,
         }
-        facts = RunFacts(
-            model=self.trace.meta.model.name, n_layers=L, n_q_heads=Hq,
-            n_kv_heads=self.heads.n_kv_heads, head_dim=self.heads.head_dim,
-            dtype_bytes=self.dtype_bytes, n_audio=self.n_audio,
-            n_prefill=self.trace.meta.n_prefill, n_decode=self.n_steps,
-            policy=run.spec.label, budget=run.spec.budget,
-            audio_tokens_per_s=self.trace.meta.model.audio_tokens_per_s,
-        )
         return RunResult(
-            trace=self.trace.name, spec=run.spec, summary=summary, step_log=log, facts=facts,
-            per_head_recall=run.recall_sum / n, policy=run.policy, tiers=run.history,
+            trace=self.trace.name, spec=spec, summary=summary, step_log=log,
+            facts=self._facts(spec), per_head_recall=metrics.recall_sum / max(self.n_steps, 1),
+            policy=run.policy, tiers=run.history,
+        )
+
+    def _facts(self, spec: PolicySpec) -> RunFacts:
+        meta, heads = self.trace.meta, self.heads
+        return RunFacts(
+            model=meta.model.name, n_layers=heads.n_layers, n_q_heads=heads.n_q_heads,
+            n_kv_heads=heads.n_kv_heads, head_dim=heads.head_dim,
+            dtype_bytes=self.dtype_bytes, n_audio=self.n_audio,
+            n_prefill=meta.n_prefill, n_decode=self.n_steps,
+            policy=spec.label, budget=spec.budget,
+            audio_tokens_per_s=meta.model.audio_tokens_per_s,
         )
 
 

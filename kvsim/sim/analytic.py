@@ -118,49 +118,76 @@ def analytic_workload(
     elif p in ("snapkv", "static"):
         gpu = np.full(S, L * H * math.floor(pol.r_gpu * T_a), dtype=np.int64)
     else:
-        n_s = max(1, math.ceil(pol.segment_s * model.audio_tokens_per_s))
-        n_seg = math.ceil(T_a / n_s)
-        r_t = pol.tidal_retention(model)
-        k = round(r_t * n_s)  # per-segment top-k (WnW §2.3); lambda is tuned to hit r_gpu
-        m = n_s - k
-        runs_per_seg = m * (k + 1) / n_s if m else 0.0
-        base = round(pol.r_gpu * L * H * T_a)
-        tidal_l = np.full(L, pol.tidal_heads // L, dtype=np.int64)
-        tidal_l[: pol.tidal_heads % L] += 1
-        tokens_per_seg = pol.segment_s * pol.words_per_s * pol.tokens_per_word
-        churn_acc = 0.0
-        churn_live: list[int] = []  # steps at which churned segments were re-fetched
-        full: dict[int, int] = {}  # segment -> steps it has been unselected
-        gpu = np.zeros(S, dtype=np.int64)
-        width = pol.top_k_chunks + 1  # top-k overlapping 2-segment chunks, stride 1 segment
-        for s in range(S):
-            f = min(int(s / tokens_per_seg), n_seg - 1)
-            lo = max(0, min(f - 1, n_seg - width))
-            window = set(range(lo, min(n_seg, lo + width)))
-            new = [g for g in window if g not in full]
-            for g in list(full):
-                if g in window:
-                    full[g] = 0
-                else:
-                    full[g] += 1
-                    if full[g] >= pol.release_lag:
-                        del full[g]
-            for g in new:
-                full[g] = 0
-            churn_acc += pol.churn_segments_per_step
-            n_churn = int(churn_acc)
-            churn_acc -= n_churn
-            churn_live = [t0 for t0 in churn_live if s - t0 < pol.release_lag] + [s] * n_churn
-            n_in = len(new) + n_churn
-            if n_in and m:
-                tok[s] = tidal_l * m * n_in
-                runs[s] = np.round(tidal_l * runs_per_seg * n_in).astype(np.int64)
-                segs[s] = tidal_l * n_in
-            resident = len(full) + len(churn_live)
-            gpu[s] = base + pol.tidal_heads * m * resident
-            cpu[s] = pol.tidal_heads * m * max(n_seg - resident, 0)  # CPU-only complement
+        gpu = _wnw_steps(model, pol, T_a, tok, runs, segs, cpu)
     return StepWorkload(
         facts=facts, non_audio_tokens=non_audio, gpu_audio_tokens=gpu,
         read_audio_tokens=gpu.copy(), h2d_tokens_by_layer=tok, h2d_runs_by_layer=runs,
         h2d_segments_by_layer=segs, cpu_audio_tokens=cpu, segments_exact=True,
     )
+
+
+def _wnw_steps(model: ModelPreset, pol: AnalyticPolicy, T_a: int, tok: np.ndarray,
+               runs: np.ndarray, segs: np.ndarray, cpu: np.ndarray) -> np.ndarray:
+    """GPU-resident audio tokens of WnW at every step; fills the recalls per (step, layer)
+    (``tok``, ``runs``, ``segs``) and the CPU-only tokens (``cpu``) in place."""
+    L, H = model.n_layers, model.n_kv_heads
+    n_s = max(1, math.ceil(pol.segment_s * model.audio_tokens_per_s))
+    n_seg = math.ceil(T_a / n_s)
+    r_t = pol.tidal_retention(model)
+    k = round(r_t * n_s)  # per-segment top-k (WnW §2.3); lambda is tuned to hit r_gpu
+    m = n_s - k
+    runs_per_seg = m * (k + 1) / n_s if m else 0.0
+    base = round(pol.r_gpu * L * H * T_a)
+    tidal_l = np.full(L, pol.tidal_heads // L, dtype=np.int64)
+    tidal_l[: pol.tidal_heads % L] += 1
+    tokens_per_seg = pol.segment_s * pol.words_per_s * pol.tokens_per_word
+    churn = _Churn(pol.churn_segments_per_step, pol.release_lag)
+    full: dict[int, int] = {}  # segment -> steps it has been unselected
+    gpu = np.zeros(len(cpu), dtype=np.int64)
+    width = pol.top_k_chunks + 1  # top-k overlapping 2-segment chunks, stride 1 segment
+    for s in range(len(cpu)):
+        f = min(int(s / tokens_per_seg), n_seg - 1)
+        lo = max(0, min(f - 1, n_seg - width))
+        new = _advance_window(full, set(range(lo, min(n_seg, lo + width))), pol.release_lag)
+        n_in = len(new) + churn.step(s)
+        if n_in and m:
+            tok[s] = tidal_l * m * n_in
+            runs[s] = np.round(tidal_l * runs_per_seg * n_in).astype(np.int64)
+            segs[s] = tidal_l * n_in
+        resident = len(full) + len(churn.live)
+        gpu[s] = base + pol.tidal_heads * m * resident
+        cpu[s] = pol.tidal_heads * m * max(n_seg - resident, 0)  # CPU-only complement
+    return gpu
+
+
+def _advance_window(full: dict[int, int], window: set[int], release_lag: int) -> list[int]:
+    """Move the chunk window: segments in ``window`` are (or stay) fully resident, the others
+    are released after ``release_lag`` steps out of it. Returns the segments entering it."""
+    new = [g for g in window if g not in full]
+    for g in list(full):
+        if g in window:
+            full[g] = 0
+        else:
+            full[g] += 1
+            if full[g] >= release_lag:
+                del full[g]
+    for g in new:
+        full[g] = 0
+    return new
+
+
+class _Churn:
+    """Re-fetches of released segments, ``per_step`` on average, each resident ``lag`` steps."""
+
+    def __init__(self, per_step: float, lag: int) -> None:
+        self.per_step, self.lag = per_step, lag
+        self.acc = 0.0
+        self.live: list[int] = []  # steps at which churned segments were re-fetched
+
+    def step(self, s: int) -> int:
+        """Segments re-fetched at step ``s``."""
+        self.acc += self.per_step
+        n = int(self.acc)
+        self.acc -= n
+        self.live = [t0 for t0 in self.live if s - t0 < self.lag] + [s] * n
+        return n

@@ -1,8 +1,9 @@
 """The decode-step program run on the SimPy hardware model.
 
-One simulation runs ``n_steps`` decode steps of a batch of identical sequences:
+One simulation runs ``n_steps`` decode steps of a batch of identical sequences, composed of
+one unit per job:
 
-- the **host thread** (a SimPy process) launches each layer's kernels (eager: operators x
+- the **host thread** (a SimPy process, :class:`kvsim.sim.host.HostThread`) launches each layer's kernels (eager: operators x
   (dispatcher cost + launch); CUDA graphs: one graph launch per step), pays the API cost of
   every recall copy, reads the sampled token back (a stream synchronisation) and pays the
   generate loop's per-step overhead;
@@ -11,8 +12,9 @@ One simulation runs ``n_steps`` decode steps of a batch of identical sequences:
 - recalls (CPU->GPU copies over the H2D channel of the PCIe link) run either synchronously on
   the host (``recall='sync'``: what the WnW paper did — the host blocks on every copy) or on a
   separate **copy stream** (``recall='overlap'``: compute waits on a per-layer event only where
-  it reads the recalled KV);
-- the **HBM ledger** tracks weights, resident KV, staging buffers and workspace.
+  it reads the recalled KV), issued by :class:`kvsim.sim.recalls.RecallIssuer`;
+- the **HBM ledger** (:class:`kvsim.sim.memory.DecodeMemory`) tracks weights, resident KV,
+  staging buffers and workspace.
 
 Recall timing follows the replay engine: tier changes decided at decode step s (a row of the
 step log) take effect from step s+1, so their copies are issued at the end of step s.
@@ -28,8 +30,11 @@ from typing import Literal
 import numpy as np
 import simpy
 
-from kvsim.sim.hardware import HbmLedger, PcieLink, Stream, transfer_us
+from kvsim.sim.hardware import HbmLedger, PcieLink, Stream
+from kvsim.sim.host import HostThread
+from kvsim.sim.memory import DecodeMemory
 from kvsim.sim.presets import GpuPreset, ModelPreset, RuntimePreset
+from kvsim.sim.recalls import RecallIssuer, RecallPlan
 from kvsim.sim.workload import StepWorkload
 
 Recall = Literal["sync", "overlap"]
@@ -129,7 +134,7 @@ class StepCosts:
 
 def step_costs(gpu: GpuPreset, model: ModelPreset, rt: RuntimePreset, batch: int,
                cuda_graphs: bool) -> StepCosts:
-    """Constant costs of a decode step (DESIGN.md §The hardware model)."""
+    """Constant costs of a decode step (see docs/simulator.md)."""
     stream_bw = gpu.hbm_bandwidth_gbps * gpu.hbm_efficiency * 1e3  # B/us
     kv_bw = gpu.hbm_bandwidth_gbps * gpu.kv_read_efficiency * 1e3
     flops_us = gpu.peak_tflops * gpu.flops_efficiency * 1e6  # FLOP/us
@@ -186,39 +191,51 @@ def run_simulation(
     compute = Stream(env, "compute")
     copy = Stream(env, "copy")
     ledger = HbmLedger(gpu.usable_bytes, strict=strict_memory)
-    facts = wl.facts
-    L = wl.n_layers
-    kvb = facts.kv_bytes_per_head_token
-    graphs = mode.cuda_graphs or rt.cuda_graphs
-    c = step_costs(gpu, model, rt, batch, graphs)
+    costs = step_costs(gpu, model, rt, batch, mode.cuda_graphs or rt.cuda_graphs)
+    plan = RecallPlan.build(wl, gpu, rt, mode, batch)
+    resident_layer, layer_us = layer_times(wl, gpu, model, rt, costs, batch)
+    memory = DecodeMemory(ledger, model, batch, rt.cache_copy_factor)
+    recalls = RecallIssuer(env, plan, link, copy, compute, memory, wl.n_steps,
+                           blocking=mode.recall == "sync")
+    host = HostThread(env, costs, compute, recalls, memory, layer_us, resident_layer,
+                      wl.n_layers, in_layer=recalls_in_layer(mode, wl.facts.policy))
+    env.process(host.run())
+    env.run()
+    return RawResult(
+        step_us=host.step_us,
+        host_copy_us=recalls.host_copy_us,
+        compute_stall_us=_stall_per_step(compute, wl.n_steps),
+        gpu_bytes=host.gpu_bytes,
+        h2d_bytes=plan.nbytes.sum(axis=1).astype(np.int64),
+        n_copies=plan.n_copies.sum(axis=1).astype(np.int64),
+        cpu_bytes=(np.zeros(wl.n_steps, dtype=np.int64) if wl.cpu_audio_tokens is None
+                   else wl.cpu_audio_tokens.astype(np.int64) * wl.facts.kv_bytes_per_head_token
+                   * batch),
+        high_water=ledger.high_water,
+        events=next(env._eid),  # SimPy's running event counter
+        ledger_by_tag=dict(ledger.by_tag),
+    )
+
+
+def recalls_in_layer(mode: SimMode, policy: str) -> bool:
+    """Whether the recalls decided at a step are issued inside it, before the layer that
+    reads them (query-aware policies), rather than at its end."""
     timing = mode.recall_timing
     if timing == "auto":
-        base = facts.policy.lower().split(":")[0].split("@")[0]
+        base = policy.lower().split(":")[0].split("@")[0]
         timing = "in_layer" if base in _IN_LAYER_POLICIES else "after_step"
+    return timing == "in_layer"
 
-    # Copies per (step, layer) and their bytes, scaled to the batch.
-    tok = wl.h2d_tokens_by_layer * batch
-    nbytes = tok * kvb
-    if mode.granularity == "run":
-        n_cp = wl.h2d_runs_by_layer * batch
-    elif mode.granularity == "segment":
-        n_cp = wl.h2d_segments_by_layer * batch
-    else:
-        n_cp = (wl.h2d_tokens_by_layer > 0).astype(np.int64)
-    gathered = mode.granularity != "run"
-    h2d_gbps = gpu.pcie_h2d_pinned_gbps if mode.pinned else gpu.pcie_h2d_pageable_gbps
-    alpha = gpu.pcie_latency_us + (0.0 if mode.pinned else gpu.pageable_extra_us)
-    # Host cost per copy: Python/dispatcher ops + cudaMemcpyAsync (+ scatter launch, gather).
-    host_per_copy = gpu.memcpy_api_us + (
-        3 * rt.host_us_per_op + gpu.kernel_launch_us if gathered else 2 * rt.host_us_per_op
-    )
-    # (with CUDA graphs the recall copies are still issued eagerly from Python: same cost)
-    gather_us_per_byte = 1.0 / (rt.host_gather_gbps * 1e3) if gathered else 0.0
 
-    # Per-step resident and read KV (bytes, whole batch).
+def layer_times(wl: StepWorkload, gpu: GpuPreset, model: ModelPreset, rt: RuntimePreset,
+                c: StepCosts, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per step: resident KV bytes of one layer (whole batch) and the compute-stream time of
+    one layer, ``max(HBM bytes / bandwidth, FLOPs / peak, kernels x minimum kernel time)``."""
+    facts, n_layers = wl.facts, wl.n_layers
+    kvb = facts.kv_bytes_per_head_token
     non_audio = wl.non_audio_tokens.astype(np.float64)
-    resident_layer = batch * (non_audio * facts.n_kv_heads + wl.gpu_audio_tokens / L) * kvb
-    read_layer = batch * (non_audio * facts.n_kv_heads + wl.read_audio_tokens / L) * kvb
+    resident_layer = batch * (non_audio * facts.n_kv_heads + wl.gpu_audio_tokens / n_layers) * kvb
+    read_layer = batch * (non_audio * facts.n_kv_heads + wl.read_audio_tokens / n_layers) * kvb
     layer_mem_us = (
         c.layer_weight_us
         + read_layer * c.kv_read_us_per_byte
@@ -227,111 +244,13 @@ def run_simulation(
     attn_flops_us = 4.0 * read_layer / kvb * model.head_dim * (model.n_q_heads / model.n_kv_heads)
     attn_flops_us /= gpu.peak_tflops * gpu.flops_efficiency * 1e6
     layer_us = np.maximum(np.maximum(layer_mem_us, c.layer_flops_us + attn_flops_us), c.layer_min_us)
+    return resident_layer, layer_us
 
-    S = wl.n_steps
-    step_us = np.zeros(S)
-    host_copy_us = np.zeros(S)
-    gpu_bytes = np.zeros(S, dtype=np.int64)
-    ledger.alloc("weights", model.weight_bytes)
-    ledger.alloc("workspace", batch * (model.vocab_size * 4 + 4 * model.intermediate_size * model.dtype_bytes))
-    kv_handle = ledger.alloc("kv", 0)
 
-    def copy_duration(b: float, n: int) -> tuple[float, float, float]:
-        """(first host cost, copy-stream duration, remaining host cost) of n pipelined copies."""
-        h = host_per_copy + b / max(n, 1) * gather_us_per_byte
-        cpy = transfer_us(b, h2d_gbps, alpha, n) / n
-        return h, cpy + (n - 1) * max(h, cpy), (n - 1) * h
-
-    def issue_copies(s: int, layers: range | list[int], blocking: bool):
-        """Host issues the recalls of step s for ``layers``; returns {layer: event}."""
-        evs = {}
-        for ly in layers:
-            n = int(n_cp[s, ly])
-            if n == 0:
-                continue
-            b = float(nbytes[s, ly])
-            stage = ledger.alloc("staging", int(b)) if gathered else None
-            if blocking:
-                # cudaMemcpy from pageable memory: the host pays API + copy for every call
-                t_host = n * host_per_copy + b * gather_us_per_byte
-                t0 = env.now
-                yield env.timeout(t_host)
-                ev = copy.launch(transfer_us(b, h2d_gbps, alpha, n), wait=(compute.done(),),
-                                 channel=link.h2d, tag=s)
-                yield ev
-                host_copy_us[s] += env.now - t0
-            else:
-                h0, dur, rest = copy_duration(b, n)
-                t0 = env.now
-                yield env.timeout(h0)
-                ev = copy.launch(dur, channel=link.h2d, tag=s)
-                if rest:
-                    yield env.timeout(rest)
-                host_copy_us[s] += env.now - t0
-            if stage is not None:
-                if ev.callbacks is None:  # already processed (blocking copy)
-                    ledger.free(stage)
-                else:
-                    ev.callbacks.append(lambda _e, h=stage: ledger.free(h))
-            evs[ly] = ev
-        return evs
-
-    sync = mode.recall == "sync"
-
-    def host():
-        pending: dict[int, simpy.Event] = {}  # copies decided last step, per layer
-        for s in range(S):
-            t_start = env.now
-            ledger.resize(kv_handle, int(resident_layer[s] * L))
-            ledger.reset_step_peak()
-            if rt.cache_copy_factor > 0:  # torch.cat: new layer tensor while the old one lives
-                ledger.free(ledger.alloc("cache_growth", int(resident_layer[s])))
-            if c.graph_launch_us:
-                yield env.timeout(c.graph_launch_us)
-            for ly in range(L):
-                waits = ()
-                extra = 0.0
-                if timing == "in_layer" and n_cp[s, ly]:
-                    evs = yield from issue_copies(s, [ly], blocking=sync)
-                    if not sync:
-                        waits = (evs[ly],)
-                    if gathered:
-                        extra = n_cp[s, ly] * gpu.min_kernel_us
-                elif ly in pending:
-                    waits = (pending[ly],)
-                    if gathered:
-                        extra = n_cp[s - 1, ly] * gpu.min_kernel_us
-                if c.host_layer_us:
-                    yield env.timeout(c.host_layer_us)
-                compute.launch(layer_us[s] + extra, wait=waits, tag=s)
-            pending = {}
-            if c.host_head_us:
-                yield env.timeout(c.host_head_us)
-            compute.launch(c.gpu_head_us, tag=s)
-            yield compute.done()  # greedy token read back to the host
-            yield env.timeout(c.host_step_fixed_us)
-            if timing == "after_step" and n_cp[s].any():
-                # sync: events already done (no stall), but scatter kernels still run next step
-                pending = yield from issue_copies(s, range(L), blocking=sync)
-            step_us[s] = env.now - t_start
-            gpu_bytes[s] = ledger.step_peak
-
-    env.process(host())
-    env.run()
-    stall = np.zeros(S)
+def _stall_per_step(compute: Stream, n_steps: int) -> np.ndarray:
+    """Time the compute stream waited on copy events, per step."""
+    stall = np.zeros(n_steps)
     for k, v in compute.stall_us.items():
-        if 0 <= k < S:
+        if 0 <= k < n_steps:
             stall[k] += v
-    return RawResult(
-        step_us=step_us,
-        host_copy_us=host_copy_us,
-        compute_stall_us=stall,
-        gpu_bytes=gpu_bytes,
-        h2d_bytes=nbytes.sum(axis=1).astype(np.int64),
-        n_copies=n_cp.sum(axis=1).astype(np.int64),
-        cpu_bytes=(np.zeros(S, dtype=np.int64) if wl.cpu_audio_tokens is None
-                   else wl.cpu_audio_tokens.astype(np.int64) * kvb * batch),
-        high_water=ledger.high_water,
-        events=next(env._eid),  # SimPy's running event counter
-        ledger_by_tag=dict(ledger.by_tag),
-    )
+    return stall

@@ -1,4 +1,4 @@
-"""SimPy entities of the hardware model (DESIGN.md §The hardware model).
+"""SimPy entities of the hardware model (docs/simulator.md).
 
 - :class:`PcieLink` — full-duplex host link: one channel per direction (a ``simpy.Resource`` of
   capacity 1), a transfer holds its channel for ``alpha + bytes / beta``.
@@ -7,7 +7,7 @@
 - :class:`HbmLedger` — HBM capacity and a byte ledger of live allocations with a high-water
   mark (weights, resident KV, staging buffers, workspace).
 
-The host thread is a SimPy process written by the caller (:mod:`kvsim.sim.engine`): it pays
+The host thread is a SimPy process written by the caller (:mod:`kvsim.sim.host`): it pays
 launch/API costs as timeouts and blocks on stream events where the program synchronises.
 """
 

@@ -1,0 +1,117 @@
+"""The decode steps of a replay: every run of the batch advanced together, one attention pass
+per (step, layer) shared by all of them.
+
+Every run's read mask lives in one array, layer-major, so that what a layer reads of every run
+is one contiguous block and the metrics of all runs are a handful of batched numpy calls per
+layer and step, whatever the number of runs. Slot R of that array holds ones: the full model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.replay.buffers import StepAttentionBuffers
+from kvsim.replay.metrics import MetricAccumulator, RunMetrics, output_error
+from kvsim.replay.runstate import PolicyRun
+from kvsim.replay.selection import QueryAwareSelection
+from kvsim.replay.tensors import TraceTensors
+from policies.base import HeadLayout, Policy
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the step loop needs of the replay configuration."""
+
+    n_steps: int  #: decode steps replayed
+    n_audio: int  #: T_a, audio positions per (layer, KV-head)
+    n_prefill: int  #: prompt positions: decode step s is at position n_prefill + s
+    topk: int  #: K of the top-K Jaccard
+    error_stride: int  #: output error on every error_stride-th step
+    check_invariants: bool
+
+
+def share_gpu_masks(runs: list[PolicyRun], heads: HeadLayout,
+                    n_audio: int) -> tuple[np.ndarray, np.ndarray]:
+    """Move every run's GPU mask and resident counts into arrays shared by all runs.
+
+    Returns ``masks_with_full`` (L, R + 1, H_kv, T_a) float32, slot R all ones, and
+    ``resident`` (L, R, H_kv); each run's ``gpu_mask`` and ``resident`` become its slots.
+    """
+    n_runs = len(runs)
+    masks = np.zeros((heads.n_layers, n_runs + 1, heads.n_kv_heads, n_audio), dtype=np.float32)
+    masks[:, n_runs] = 1.0
+    resident = np.zeros((heads.n_layers, n_runs, heads.n_kv_heads), dtype=np.int64)
+    for r, run in enumerate(runs):
+        masks[:, r], resident[:, r] = run.gpu_mask, run.resident
+        run.gpu_mask, run.resident = masks[:, r], resident[:, r]
+    return masks, resident
+
+
+def changes_tiers(run: PolicyRun) -> bool:
+    """Whether a run's tiers may change after prefill (or are recorded): it then needs a
+    tier update at every step."""
+    return (run.policy.query_aware or run.history is not None
+            or type(run.policy).decode_step is not Policy.decode_step)
+
+
+class StepLoop:
+    """Replays the decode steps of a batch of prefilled runs."""
+
+    def __init__(self, tensors: TraceTensors, runs: list[PolicyRun], heads: HeadLayout,
+                 settings: LoopSettings) -> None:
+        n_audio = settings.n_audio
+        self.tensors, self.runs, self.heads, self.settings = tensors, runs, heads, settings
+        # a query-aware run's slot of a layer holds, during the step, what its selection read
+        # there (written before use); its tiers live in the run
+        self.masks_with_full, self.resident = share_gpu_masks(runs, heads, n_audio)
+        self.selection = QueryAwareSelection(runs, tensors.audio_keys())
+        self.buffers = StepAttentionBuffers(runs, heads, n_audio)
+        self.metrics = MetricAccumulator(len(runs), heads, n_audio, settings.n_steps,
+                                         settings.topk)
+        self.reads = np.zeros((settings.n_steps, len(runs)), dtype=np.int64)  # audio read
+        self.stepping = [run for run in runs if changes_tiers(run)]
+
+    def run(self) -> list[RunMetrics]:
+        """Replay every step; complete the runs' step logs; return their metrics."""
+        for step in range(self.settings.n_steps):
+            self.step(step)
+        for r, run in enumerate(self.runs):
+            run.log.record_reads(self.reads[:, r])
+            if not changes_tiers(run):  # the prefill counts hold at every step
+                run.log.record_constant_tiers(run.n_gpu, run.n_cpu)
+        return [self.metrics.of_run(r) for r in range(len(self.runs))]
+
+    def step(self, step: int) -> None:
+        """One decode step: selections, every layer's attention pass and metrics, tier updates."""
+        cfg = self.settings
+        position = cfg.n_prefill + step
+        error_sampled = self.tensors.values is not None and step % cfg.error_stride == 0
+        non_audio = self.tensors.non_audio[: position + 1]
+        queries = self.tensors.step_queries(position)
+        self.selection.select_step(step, queries, self.masks_with_full, self.resident)
+        for layer in range(self.heads.n_layers):
+            self.layer(step, layer, queries[layer], non_audio, error_sampled)
+        self.metrics.end_step(error_sampled)
+        if cfg.check_invariants:
+            self.selection.check_reads(self.masks_with_full, step)
+        for run in self.stepping:
+            run.end_step(step, cfg.check_invariants)
+
+    def layer(self, step: int, layer: int, q: np.ndarray, non_audio: np.ndarray,
+              error_sampled: bool) -> None:
+        """The attention pass of (``step``, ``layer``) and every run's metrics there."""
+        position = non_audio.size - 1
+        att = self.tensors.attention(q, layer, position, self.heads.group)
+        masks_with_full = self.masks_with_full[layer]  # (R + 1, H_kv, T_a), contiguous
+        run_masks = masks_with_full[: len(self.runs)]
+        resident = self.resident[layer]  # (R, H_kv)
+        self.selection.select_layer(step, layer, q, run_masks, resident)
+        self.reads[step] += resident.sum(-1)
+        mass = self.metrics.add_layer(step, layer, att.audio, masks_with_full, resident)
+        self.buffers.fill(layer, att.audio, run_masks, mass.normaliser)
+        if error_sampled:
+            errors = output_error(att, self.tensors.values[layer], self.tensors.audio_index,
+                                  non_audio, masks_with_full, mass)
+            self.metrics.add_output_error(errors)

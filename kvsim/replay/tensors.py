@@ -1,0 +1,77 @@
+"""The recorded tensors a replay reads at every decode step, and the one attention pass per
+(step, layer) that every replayed run shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from kvsim.replay.attention import as_f32, gqa_logits, softmax_
+from kvsim.trace.reader import Trace
+
+
+class LayerAttention(NamedTuple):
+    """The full model's attention of one decode step at one layer."""
+
+    full: np.ndarray  #: (H_q, p + 1) softmax over every position up to the current one
+    audio: np.ndarray  #: (H_kv, g, T_a) its audio columns (a view when the audio is contiguous)
+
+
+@dataclass
+class TraceTensors:
+    """Keys, values and layout of a trace, as float32 arrays kept in memory for the replay.
+
+    Attributes
+    ----------
+    trace : Trace
+        The trace; queries are read from it step by step.
+    keys : list of (H_kv, N, D) float32
+        Post-RoPE keys of every layer.
+    values : list of (H_kv, N, D) float32, or None
+        Values of every layer when the trace stores them (output error).
+    audio_index : slice or (T_a,) int array
+        The audio positions: a slice when they are contiguous (views instead of copies).
+    non_audio : (N,) bool
+        True at the positions that are not audio.
+    """
+
+    trace: Trace
+    keys: list[np.ndarray]
+    values: list[np.ndarray] | None
+    audio_index: slice | np.ndarray
+    non_audio: np.ndarray
+
+    @classmethod
+    def load(cls, trace: Trace) -> TraceTensors:
+        """Read (and convert to float32) every layer's keys and, if stored, values."""
+        n_layers = trace.head_layout.n_layers
+        audio = trace.audio_positions
+        lo, hi = int(audio[0]), int(audio[-1]) + 1
+        non_audio = np.ones(trace.meta.n_positions, dtype=bool)
+        non_audio[audio] = False
+        return cls(
+            trace=trace,
+            keys=[as_f32(trace.keys(layer)) for layer in range(n_layers)],
+            values=([as_f32(trace.values(layer)) for layer in range(n_layers)]
+                    if trace.meta.has_values else None),
+            audio_index=slice(lo, hi) if hi - lo == len(audio) else audio,
+            non_audio=non_audio,
+        )
+
+    def audio_keys(self) -> list[np.ndarray]:
+        """(H_kv, T_a, D) audio keys of every layer."""
+        return [k[:, self.audio_index] for k in self.keys]
+
+    def step_queries(self, position: int) -> list[np.ndarray]:
+        """(H_q, D) float32 query of the token at ``position``, for every layer."""
+        row = self.trace.query_index(position)
+        return [as_f32(self.trace.queries(layer)[:, row]) for layer in range(len(self.keys))]
+
+    def attention(self, q: np.ndarray, layer: int, position: int, group: int) -> LayerAttention:
+        """Full attention ``softmax(q Kᵀ/√d)`` of the query at ``position`` over the keys of
+        ``layer`` up to it (GQA groups of ``group`` q-heads), and its audio part."""
+        att = softmax_(gqa_logits(q, self.keys[layer][:, : position + 1]))  # (H_q, p + 1)
+        audio = att[:, self.audio_index]
+        return LayerAttention(att, audio.reshape(-1, group, audio.shape[-1]))

@@ -1,0 +1,91 @@
+"""The replay engine's units on hand-made inputs: step-log transfer counts, tier updates that
+write through to the arrays shared by all runs, and the batched metrics' exact cases."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvsim.replay.engine import PolicySpec
+from kvsim.replay.logwriter import StepLogWriter
+from kvsim.replay.metrics import MetricAccumulator
+from kvsim.replay.runstate import PolicyRun
+from kvsim.replay.steploop import share_gpu_masks
+from policies.base import HeadLayout, Tier
+from tests.float32_bounds import U32, gamma
+
+HEADS = HeadLayout(n_layers=2, n_q_heads=4, n_kv_heads=2, head_dim=8)
+N_AUDIO = 6
+
+
+def test_transfer_counts_split_runs_at_row_ends() -> None:
+    log = StepLogWriter(HEADS, N_AUDIO, n_steps=2, dtype_bytes=2)
+    # flat (layer, KV-head, position) indices, rows of 6 and layers of 12: 4,5 | 6,7 end and
+    # start rows, 13 and 15 are apart, 13-20 are in layer 1; 9 goes GPU -> CPU, 10 CPU -> GONE
+    changed = np.array([4, 5, 6, 7, 9, 10, 13, 15, 20])
+    before = np.array([1, 1, 1, 1, 2, 1, 1, 1, 1], dtype=np.uint8)
+    after = np.array([2, 2, 2, 2, 1, 0, 2, 2, 2], dtype=np.uint8)
+    log.record_transfers(1, changed, before, after)
+    frame = log.frame(n_prefill=10)
+    row = frame.row(1, named=True)
+    assert row["h2d_tokens"] == 7
+    assert row["h2d_transfers"] == 5  # {4,5} {6,7} (a row ends at 5) {13} {15} {20}
+    assert row["h2d_tokens_by_layer"] == [4, 3]
+    assert row["h2d_transfers_by_layer"] == [2, 3]
+    assert row["h2d_bytes"] == 7 * 2 * HEADS.head_dim * 2
+    assert row["released_tokens"] == 1
+    assert frame["context_tokens"].to_list() == [11, 12]
+    assert frame["non_audio_tokens"].to_list() == [11 - N_AUDIO, 12 - N_AUDIO]
+    assert frame.row(0, named=True)["h2d_tokens"] == 0
+
+
+def _run(tiers: np.ndarray) -> PolicyRun:
+    run = PolicyRun(PolicySpec("full", 1.0), None, StepLogWriter(HEADS, N_AUDIO, 1, 2))
+    run.set_tiers(tiers)
+    return run
+
+
+def test_tier_updates_write_through_to_the_shared_masks() -> None:
+    rng = np.random.default_rng(0)
+    shape = (HEADS.n_layers, HEADS.n_kv_heads, N_AUDIO)
+    first, second = (rng.integers(0, 3, shape).astype(np.uint8) for _ in range(2))
+    runs = [_run(first), _run(second)]
+    masks, resident = share_gpu_masks(runs, HEADS, N_AUDIO)
+    assert (masks[:, 2] == 1).all()  # the full model's slot
+    new = rng.integers(0, 3, shape).astype(np.uint8)
+    changed = np.flatnonzero(new != second)
+    runs[1].update_tiers(changed, second.ravel()[changed], new.ravel()[changed])
+    fresh = _run(new)  # the same tiers adopted from scratch: exact (0/1 and integer counts)
+    np.testing.assert_array_equal(masks[:, 1], fresh.gpu_mask)
+    np.testing.assert_array_equal(resident[:, 1], fresh.resident)
+    np.testing.assert_array_equal(masks[:, 0], first == Tier.GPU)  # the other run untouched
+    assert (runs[1].n_gpu, runs[1].n_cpu) == (fresh.n_gpu, fresh.n_cpu)
+
+
+def test_metrics_exact_cases_and_recall_bound() -> None:
+    rng = np.random.default_rng(1)
+    n_kv, group, n_audio, k_top = 2, 2, 50, 5
+    heads = HeadLayout(n_layers=1, n_q_heads=n_kv * group, n_kv_heads=n_kv, head_dim=8)
+    att = rng.dirichlet(np.ones(n_audio + 7), size=n_kv * group)[:, :n_audio]
+    audio_att = att.astype(np.float32).reshape(n_kv, group, n_audio)
+    top = np.argsort(-audio_att, axis=-1)[..., :k_top]  # per q-head
+    masks = np.zeros((4, n_kv, n_audio), dtype=np.float32)  # whole, empty, random, full
+    masks[0] = 1.0
+    masks[2] = rng.random((n_kv, n_audio)) < 0.5
+    masks[2, 0, top[0, 0]] = masks[2, 0, top[0, 1]] = 1.0  # head 0 keeps its q-heads' top-K
+    masks[2, 1, top[1, 0]] = 0.0
+    masks[3] = 1.0
+    resident = masks[:3].sum(-1).astype(np.int64)
+    acc = MetricAccumulator(3, heads, n_audio, n_steps=1, topk=k_top)
+    mass = acc.add_layer(0, 0, audio_att, masks, resident)
+    recall = acc.recall_sum[:, 0]
+    assert (recall[0] == 1.0).all() and (mass.normaliser[0] == 1.0).all()  # by construction
+    assert (recall[1] == 0.0).all()
+    assert acc.step_jaccard[0, 0] == 1.0 and acc.step_jaccard[1, 0] == 0.0
+    # random mask: kept and full mass are float32 sums of T_a non-negative terms (γ_{T_a}
+    # each, any order) and one division (u)
+    exact = (audio_att.astype(np.float64) * masks[2][:, None]).sum(-1) / audio_att.sum(-1)
+    bound = (1 + gamma(n_audio)) * (1 + U32) / (1 - gamma(n_audio)) - 1
+    np.testing.assert_allclose(recall[2], exact.ravel(), rtol=bound, atol=0)
+    assert ((recall[2] > 0) & (recall[2] < 1)).all()  # a case that is not exact by construction
+    jaccard = acc.step_jaccard[2, 0] * 4  # sum over q-heads; the kv-head-0 q-heads read top-K
+    assert jaccard >= 2.0 and acc.step_jaccard[2, 0] < 1.0
