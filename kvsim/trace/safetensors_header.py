@@ -68,7 +68,20 @@ def read_header(path: Path, size_limit: int) -> dict[str, TensorSpec]:
     _check_metadata(table.pop("__metadata__", {}), name)
     data_start = 8 + n
     specs = {key: _entry(key, value, name, data_start, size) for key, value in table.items()}
+    _check_layout(specs, name, data_start, size)
     return specs
+
+
+def _check_layout(specs: dict[str, TensorSpec], file: str, data_start: int, size: int) -> None:
+    """Tensors tile the data section exactly, in offset order (no gap, no overlap): no two
+    tensors can alias the same bytes, and no byte of the file is left unaccounted for."""
+    at = data_start
+    for spec in sorted(specs.values(), key=lambda s: (s.begin, s.end)):
+        if spec.begin != at:
+            raise TraceError(file, f"{spec.name}.data_offsets", "tensors overlap or leave a gap in the data section")
+        at = spec.end
+    if at != size:
+        raise TraceError(file, "<header>", f"data section ends at byte {at}, the file at {size}")
 
 
 def _check_metadata(meta: Any, file: str) -> None:
