@@ -223,3 +223,15 @@ def test_info_prints_every_trace(tmp_path: Path) -> None:
     res = runner.invoke(app, ["info", str(a), str(b)])
     assert res.exit_code == 0, res.output
     assert "/ 12 steps" in res.output and "/ 7 steps" in res.output  # a's and b's decode rows
+
+
+def test_calibration_file_that_could_block_is_refused(tmp_path: Path) -> None:
+    import os
+
+    from kvsim.trace.heads import read_heads
+
+    os.mkfifo(tmp_path / "heads.json")
+    for path, needle in [(tmp_path / "heads.json", "a FIFO"), (Path("/dev/zero"), "character device"),
+                         (tmp_path / "none.json", "missing")]:
+        with pytest.raises(TraceError, match=needle):
+            read_heads(path)
