@@ -5,7 +5,9 @@ A trace is a directory ``NAME.kvtrace/`` holding
 * ``meta.json`` -- :class:`TraceMeta` (schema version, model facts, prompt, texts,
   provenance, and a manifest of the other files with their byte size and SHA-256);
 * ``tensors.safetensors`` -- ``keys`` (L, H_kv, N, D) and ``queries`` (L, H_q, N_q, D) in
-  float16, post-RoPE; ``query_positions`` (N_q,) int64; optionally ``values`` (L, H_kv, N, D);
+  the storage dtype ``model.dtype`` (float16 or float32), post-RoPE; ``query_positions``
+  (N_q,) int64, strictly increasing, holding at least every answer query (``n_prefill - 1``
+  and every decode position); optionally ``values`` (L, H_kv, N, D);
 * ``positions.parquet`` -- one row per position (see :data:`POSITION_COLUMNS`);
 * ``heads.json`` (optional) -- per-KV-head calibration scores, same format as the file that
   ``kvsim calibrate`` writes (see :mod:`kvsim.trace.heads`).
