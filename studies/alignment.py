@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from kvsim.trace.reader import Trace
+from kvsim.trace.schema import META_FILE, TraceError
 from studies.mismatch import answer_audio_attention
 from tracer.alignment import WordTiming, normalise
 
@@ -49,6 +50,8 @@ def layer_attention(trace: Trace) -> np.ndarray:
     over the audio: ``(L, n_answer, T_a)``. Answer query ``i`` sits at position
     ``n_prefill - 1 + i`` and produced the ``i``-th generated token."""
     meta = trace.meta
+    if meta.n_decode == 0:
+        raise TraceError(str(trace.path / META_FILE), "n_decode", "0: the trace has no answer tokens to align")
     answer = np.arange(meta.n_prefill - 1, meta.n_positions - 1)
     out = np.zeros((meta.model.n_layers, len(answer), trace.n_audio), dtype=np.float32)
     for layer, att in enumerate(answer_audio_attention(trace, answer)):
@@ -150,7 +153,7 @@ def alignment(trace: Trace, layers: list[int] | None = None, n_layers: int = 4,
         layers = sorted(np.argsort(-mono, kind="stable")[:n_layers].tolist())
     bad = [x for x in layers if not 0 <= x < dist.shape[0]]
     if bad:
-        raise ValueError(f"{trace.path}: no layer {bad[0]} (the model has {dist.shape[0]})")
+        raise ValueError(f"no layer {bad[0]} (the model has {dist.shape[0]})")
     starts = trace.positions["audio_start_s"].to_numpy()[trace.audio_positions]
     peak_s = starts[dist[layers].mean(0).argmax(-1)]
     path_s = median_filter(peak_s, smooth)

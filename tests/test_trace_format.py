@@ -90,8 +90,7 @@ def _corrupt_shape(p: Path) -> tuple[str, str]:
 
 def _corrupt_nan(p: Path) -> tuple[str, str]:
     t = Trace(p)
-    spec = t._tensors["keys"]
-    offset = t._data_offset + spec["data_offsets"][0] + 2 * 100
+    offset = t._tensors["keys"].begin + 2 * 100
     f = p / "tensors.safetensors"
     with open(f, "r+b") as fh:
         fh.seek(offset)
@@ -195,3 +194,44 @@ def test_killed_writer_leaves_nothing_valid_and_rerun_completes(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     assert validate_trace(target).meta.n_decode == 20
     assert time.time() - t0 < 120
+
+
+# ----------------------------------------------------------------------------- errors
+def test_error_stays_one_line_and_survives_a_process_pool(tmp_path: Path) -> None:
+    import pickle
+
+    p = tmp_path / "a\nb.kvtrace"
+    p.mkdir()
+    with pytest.raises(TraceError) as info:
+        Trace(p)
+    err = info.value
+    assert "\n" not in str(err) and "a\\nb.kvtrace" in str(err) and err.field == "<file>"
+    again = pickle.loads(pickle.dumps(err))
+    assert isinstance(again, TraceError) and str(again) == str(err) and again.field == err.field
+
+
+def test_unstored_query_position_is_a_trace_error(small_trace: Trace) -> None:
+    for position in (-1, small_trace.meta.n_positions, int(small_trace.audio_positions[0])):
+        with pytest.raises(TraceError, match=r": query_positions: no query stored for position"):
+            small_trace.query_index(position)
+    assert small_trace.query_index(small_trace.meta.n_prefill) >= 0
+
+
+def test_info_prints_every_trace(tmp_path: Path) -> None:
+    a = make_trace(tmp_path / "a.kvtrace", seed=1)
+    b = make_trace(tmp_path / "b.kvtrace", seed=2, steps=7)
+    res = runner.invoke(app, ["info", str(a), str(b)])
+    assert res.exit_code == 0, res.output
+    assert "/ 12 steps" in res.output and "/ 7 steps" in res.output  # a's and b's decode rows
+
+
+def test_calibration_file_that_could_block_is_refused(tmp_path: Path) -> None:
+    import os
+
+    from kvsim.trace.heads import read_heads
+
+    os.mkfifo(tmp_path / "heads.json")
+    for path, needle in [(tmp_path / "heads.json", "a FIFO"), (Path("/dev/zero"), "character device"),
+                         (tmp_path / "none.json", "missing")]:
+        with pytest.raises(TraceError, match=needle):
+            read_heads(path)

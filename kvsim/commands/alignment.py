@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -22,51 +23,101 @@ def alignment(
     """Alignment path of each trace: the audio time of the attention peak per answer token in
     the decoder's most monotonic layers; its jumps back (re-read audio: repeated text) and
     forward (skipped audio), the audio it visits, and with --words whether the model writes
-    the word spoken where it looks."""
-    from kvsim.trace.atomic import atomic_file
-    from kvsim.trace.reader import Trace, TraceError, find_traces
-    from studies.alignment import alignment as measure
-    from studies.alignment import chance_agreement, word_agreement
-    from tracer.alignment import AlignmentError, load_word_times
+    the word spoken where it looks. A broken trace is one line on stderr; the others are
+    measured; the exit code is non-zero if any failed."""
+    from kvsim.commands.traces import each_trace, print_error
+    from kvsim.trace.reader import collect_traces
 
-    console = Console(width=max(Console().width, 150))
-    paths = find_traces(traces)
+    chosen = _parse_options(layers, n_layers, smooth, min_jump)
+    paths, _ = collect_traces(traces)
     if words and len(words) != len(paths):
-        console.print(f"[red]error:[/] --words: {len(words)} files for {len(paths)} traces")
+        print_error(f"--words: {len(words)} files for {len(paths)} traces")
         raise typer.Exit(2)
+    words_of = dict(zip(paths, words, strict=True)) if words else {}
+    console = Console(width=max(Console().width, 150), emoji=False)
     table = Table(title=f"Alignment paths (jumps > {min_jump:g} s)")
     for col in ("trace", "layers (monotonicity)", "tokens", "jumps back", "jumps forward",
                 "audio visited", "writes what it reads"):
         table.add_column(col, justify="left" if col == "trace" else "right")
-    for i, path in enumerate(paths):
+
+    def align_one(path: Path) -> None:
+        row, jump_lines = _align_trace(path, words_of.get(path), chosen, n_layers, smooth, min_jump, out)
+        table.add_row(*row)
+        for line in jump_lines:
+            console.print(line, markup=False, highlight=False)
+
+    failed = each_trace(traces, align_one)
+    if table.row_count:
+        console.print(table)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _parse_options(layers: str | None, n_layers: int, smooth: int, min_jump: float) -> list[int] | None:
+    """Range-check the options (one line and exit 2 on a bad one); the chosen layers."""
+    from kvsim.commands.traces import print_error
+
+    problems = []
+    chosen = None
+    if layers is not None:
         try:
-            trace = Trace(path)
-            res = measure(trace, layers=[int(x) for x in layers.split(",")] if layers else None,
-                          n_layers=n_layers, smooth=smooth, min_jump_s=min_jump)
-            ref = load_word_times(words[i]) if words else None
-        except (TraceError, AlignmentError, ValueError) as exc:
-            console.print(f"[red]error:[/] {exc}")
-            raise typer.Exit(2) from None
-        speech = max(w.end for w in ref) if ref else res.audio_seconds
-        agree = (f"{word_agreement(res.path, ref):.0%} (chance {chance_agreement(res.path, ref):.0%})"
-                 if ref else "n/a (no --words)")
-        back = res.back_jumps
-        table.add_row(
-            trace.name,
-            ", ".join(f"{x} ({m:.2f})" for x, m in zip(res.layers, res.layer_monotonicity, strict=True)),
-            str(res.path.height),
-            f"{len(back)} ({-sum(j.seconds for j in back):.0f} s)",
-            f"{len(res.forward_jumps)} ({sum(j.seconds for j in res.forward_jumps):.0f} s)",
-            f"{min(res.covered_seconds(), speech):.0f} of {speech:.0f} s",
-            agree)
-        if out is not None:
+            chosen = [int(x) for x in layers.split(",")]
+        except ValueError:
+            problems.append(f"--layers: {layers!r} is not a comma-separated list of integers")
+    if n_layers < 1:
+        problems.append(f"--n-layers: {n_layers} must be >= 1")
+    if smooth < 1:
+        problems.append(f"--smooth: {smooth} must be >= 1")
+    if not min_jump > 0:
+        problems.append(f"--min-jump: {min_jump} must be > 0")
+    for problem in problems:
+        print_error(problem)
+    if problems:
+        raise typer.Exit(2)
+    return chosen
+
+
+def _align_trace(path: Path, words: Path | None, layers: list[int] | None, n_layers: int,
+                 smooth: int, min_jump: float, out: Path | None) -> tuple[list[str], list[str]]:
+    """Measure one trace: its table row and its jump lines; writes the path under ``out``."""
+    from kvsim.trace.atomic import atomic_file
+    from kvsim.trace.reader import Trace
+    from kvsim.trace.schema import TraceError
+    from studies.alignment import alignment as measure
+    from studies.alignment import chance_agreement, word_agreement
+    from tracer.alignment import AlignmentError, load_word_times
+
+    trace = Trace(path)
+    n = trace.meta.model.n_layers
+    if layers is not None and not all(0 <= x < n for x in layers):
+        raise TraceError(str(path), "--layers", f"{layers} not all in 0..{n - 1} (the model has {n} layers)")
+    res = measure(trace, layers=layers, n_layers=n_layers, smooth=smooth, min_jump_s=min_jump)
+    try:
+        ref = load_word_times(words) if words else None
+    except AlignmentError as exc:
+        raise TraceError(str(words), "--words", str(exc)) from None
+    speech = max(w.end for w in ref) if ref else res.audio_seconds
+    agree = (f"{word_agreement(res.path, ref):.0%} (chance {chance_agreement(res.path, ref):.0%})"
+             if ref else "n/a (no --words)")
+    back, forward = res.back_jumps, res.forward_jumps
+    row = [escape(trace.name),
+           ", ".join(f"{x} ({m:.2f})" for x, m in zip(res.layers, res.layer_monotonicity, strict=True)),
+           str(res.path.height),
+           f"{len(back)} ({-sum(j.seconds for j in back):.0f} s)",
+           f"{len(forward)} ({sum(j.seconds for j in forward):.0f} s)",
+           f"{min(res.covered_seconds(), speech):.0f} of {speech:.0f} s",
+           agree]
+    if out is not None:
+        target = out / f"{trace.name}.alignment.parquet"
+        try:
             out.mkdir(parents=True, exist_ok=True)
-            with atomic_file(out / f"{trace.name}.alignment.parquet") as tmp:
+            with atomic_file(target) as tmp:
                 res.path.write_parquet(tmp)
-        for j in res.jumps:
-            console.print(f"{trace.name}: token {j.step}: {j.from_s:.1f} s -> {j.to_s:.1f} s "
-                          f"({j.seconds:+.1f} s)")
-    console.print(table)
+        except OSError as exc:
+            raise TraceError(str(target), "<write>", exc.strerror or str(exc)) from None
+    jumps = [f"{trace.name}: token {j.step}: {j.from_s:.1f} s -> {j.to_s:.1f} s ({j.seconds:+.1f} s)"
+             for j in res.jumps]
+    return row, jumps
 
 
 def register(app: typer.Typer) -> None:

@@ -7,14 +7,17 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
 def mismatch(traces: Annotated[list[Path], typer.Argument(help="Traces or folders of traces")]) -> None:
     """Mass in the first 10% / half of the audio at prefill vs decode (and in the first 10% of
     the speech, from the first word's onset, when the trace has word timings), top-K Jaccard,
-    per-head Jaccard, next to the WnW paper's Voxtral figures."""
-    from kvsim.trace.reader import Trace, find_traces
+    per-head Jaccard, next to the WnW paper's Voxtral figures. A broken trace is one line on
+    stderr; the others are measured; the exit code is non-zero if any failed."""
+    from kvsim.commands.traces import each_trace
+    from kvsim.trace.reader import Trace
     from studies.mismatch import PAPER_VOXTRAL
     from studies.mismatch import mismatch as measure
 
@@ -28,17 +31,25 @@ def mismatch(traces: Annotated[list[Path], typer.Argument(help="Traces or folder
             ("head_jaccard_min", "per-head Jaccard, min"),
             ("head_jaccard_max", "per-head Jaccard, max"),
             ("head_jaccard_below_01", "share of heads with Jaccard < 0.1")]
-    stats = {path.name: measure(Trace(path)).as_dict() for path in find_traces(traces)}
-    table = Table(title="WnW §2.1 prefill-decode mismatch")
-    table.add_column("statistic")
-    table.add_column("WnW paper (Voxtral)", justify="right")
-    for name in stats:
-        table.add_column(name, justify="right", overflow="fold")
-    for key, label in cols:
-        table.add_row(label, _fmt(PAPER_VOXTRAL.get(key)), *[_fmt(s[key]) for s in stats.values()])
-    Console().print(table)
-    Console().print("'of speech' starts at the first word's onset (trace word timings); "
-                    "n/a when the trace has none.")
+    stats: dict[str, dict] = {}
+
+    def measure_one(path: Path) -> None:
+        stats[str(path)] = measure(Trace(path)).as_dict()
+
+    failed = each_trace(traces, measure_one)
+    if stats:
+        table = Table(title="WnW §2.1 prefill-decode mismatch")
+        table.add_column("statistic")
+        table.add_column("WnW paper (Voxtral)", justify="right")
+        for name in stats:
+            table.add_column(escape(Path(name).name), justify="right", overflow="fold")
+        for key, label in cols:
+            table.add_row(label, _fmt(PAPER_VOXTRAL.get(key)), *[_fmt(s[key]) for s in stats.values()])
+        Console(emoji=False).print(table)
+        Console().print("'of speech' starts at the first word's onset (trace word timings); "
+                        "n/a when the trace has none.")
+    if failed:
+        raise typer.Exit(1)
 
 
 def _fmt(x: float | None) -> str:

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kvsim.specs import default_trace_dir, parse_budgets, parse_policies
 
@@ -60,7 +61,7 @@ def replay(
         paths = find_traces(traces or [default_trace_dir()])
         scores = read_heads(calibration) if calibration else None
     except (ValueError, KeyError, FileNotFoundError, TraceError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if not paths:
         console.print("[red]error:[/] no *.kvtrace found")
@@ -81,12 +82,12 @@ def replay(
                 errors += errs
     else:
         for path in paths:
-            console.print(f"replaying {path} ({len(specs)} policy/budget runs)")
+            console.print(f"replaying {escape(str(path))} ({len(specs)} policy/budget runs)")
             res, errs = _replay_one(str(path), specs, cfg)
             results += res
             errors += errs
     for e in errors:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(e)}")
     if not results:
         raise typer.Exit(1)
     frame = write_outputs(out, results)

@@ -2,32 +2,67 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-err = Console(stderr=True, soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True, emoji=False, highlight=False)
 
 
-def info(trace: Annotated[Path, typer.Argument(help="A *.kvtrace directory")]) -> None:
-    """Print a summary of a trace."""
+def print_error(message: str, label: str = "error:") -> None:
+    """``label message`` as one line on stderr; ``message`` is plain text, never markup."""
+    from kvsim.trace.schema import one_line
+
+    err.print(Text.assemble((label, "red"), " ", one_line(message)), soft_wrap=True)
+
+
+def each_trace(args: list[Path], work: Callable[[Path], None], label: str = "error:") -> int:
+    """Call ``work`` on every trace that ``args`` name (traces or folders of traces). A bad
+    argument or trace is reported as one line on stderr (``<file>: <field>: <message>``) and
+    the others go on; returns how many failed."""
+    from kvsim.trace.reader import collect_traces
+    from kvsim.trace.schema import TraceError
+
+    paths, errors = collect_traces(args)
+    for exc in errors:
+        print_error(str(exc), label)
+    failed = len(errors)
+    for path in paths:
+        try:
+            work(path)
+            continue
+        except TraceError as exc:
+            message = str(exc)
+        except Exception as exc:  # noqa: BLE001 -- one line per trace, never a traceback
+            message = f"{path}: <unexpected>: {type(exc).__name__}: {exc} (a kvsim bug: please report it)"
+        print_error(message, label)
+        failed += 1
+    return failed
+
+
+def info(traces: Annotated[list[Path], typer.Argument(help="*.kvtrace directories or folders of traces")]) -> None:
+    """Print a summary of each trace (the checks made on open; `kvsim validate` also checks
+    checksums and scans for NaN/inf). Exits non-zero if any trace is broken."""
+    out = Console(emoji=False)
+    if each_trace(traces, lambda path: out.print(_info_table(path))):
+        raise typer.Exit(1)
+
+
+def _info_table(path: Path) -> Table:
     import numpy as np
 
     from kvsim.trace.reader import Trace
-    from kvsim.trace.schema import TraceError
 
-    try:
-        t = Trace(trace)
-        pos = t.positions
-    except TraceError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(1) from None
+    t = Trace(path)
     m = t.meta
-    kinds = dict(pos.group_by("kind").len().iter_rows())
-    table = Table(title=f"{t.name}", show_header=False)
+    kinds = dict(t.positions.group_by("kind").len().iter_rows())
+    scores = t.head_scores
     rows = [
         ("model", f"{m.model.name}: {m.model.n_layers} layers x {m.model.n_q_heads} q / "
                   f"{m.model.n_kv_heads} kv heads x {m.model.head_dim}, {m.model.audio_tokens_per_s:g} audio tok/s"),
@@ -38,7 +73,7 @@ def info(trace: Annotated[Path, typer.Argument(help="A *.kvtrace directory")]) -
         ("observation window", f"{len(t.window_positions)} prompt queries "
                                f"({int(np.isin(t.window_positions, t.audio_positions).sum())} audio)"),
         ("values stored", str(m.has_values)),
-        ("head scores", "yes (" + (t.head_scores.source if t.head_scores else "") + ")" if m.has_head_scores else "no"),
+        ("head scores", f"yes ({scores.source})" if scores is not None else "no"),
         ("input transform", str(m.input_transform)),
         ("size on disk", f"{t.disk_bytes() / 1e6:.1f} MB ({t.disk_bytes() / t.tensor_bytes():.4f} x raw tensor bytes)"),
         ("MB per audio minute", f"{t.disk_bytes() / 1e6 / max(t.audio_seconds / 60, 1e-9):.1f}"),
@@ -46,38 +81,24 @@ def info(trace: Annotated[Path, typer.Argument(help="A *.kvtrace directory")]) -
         ("reference", str(m.reference_text)[:100]),
         ("provenance", ", ".join(f"{k}={v}" for k, v in m.provenance.items() if isinstance(v, str | int | float))[:200]),
     ]
-    for k, v in rows:
-        table.add_row(k, v)
-    Console().print(table)
+    table = Table(title=escape(f"{t.name} ({t.path})"), show_header=False)
+    for k, v in rows:  # every value may hold user text: escaped, never read as markup
+        table.add_row(k, escape(v))
+    return table
 
 
 def validate(traces: Annotated[list[Path], typer.Argument(help="Trace directories or folders of traces")]) -> None:
     """Check traces completely (schema, manifest, checksums, shapes, NaN scan, positions).
-    Prints one line per trace; exits non-zero if any is broken."""
-    from kvsim.trace.reader import find_traces
-    from kvsim.trace.schema import TraceError
+    Prints one line per trace (broken ones on stderr); exits non-zero if any is broken."""
     from kvsim.trace.validate import validate_trace
 
-    bad = 0
-    out = Console(soft_wrap=True)
-    candidates: list[Path] = []
-    for p in traces:
-        if p.is_dir() and not (p / "meta.json").exists() and p.suffix != ".kvtrace":
-            found = find_traces([p])
-            if not found:
-                err.print(f"[red]error:[/] {p}: <directory>: contains no *.kvtrace")
-                bad += 1
-            candidates += found
-        else:
-            candidates.append(p)
-    for p in candidates:
-        try:
-            t = validate_trace(p)
-            out.print(f"ok     {p} ({t.n_audio} audio, {t.meta.n_decode} steps)")
-        except TraceError as exc:
-            bad += 1
-            out.print(f"[red]BROKEN[/] {exc}")
-    if bad:
+    out = Console(soft_wrap=True, emoji=False, highlight=False)
+
+    def check(path: Path) -> None:
+        t = validate_trace(path)
+        out.print(f"ok     {path} ({t.n_audio} audio, {t.meta.n_decode} steps)", markup=False)
+
+    if each_trace(traces, check, label="BROKEN"):
         raise typer.Exit(1)
 
 
@@ -97,10 +118,10 @@ def synth(
         data = synthesize(SynthConfig(preset=preset, audio_seconds=audio_seconds,
                                       decode_steps=decode_steps, seed=seed, store_values=values))
     except (KeyError, ValueError) as exc:
-        err.print(f"[red]error:[/] {exc}")
+        print_error(str(exc))
         raise typer.Exit(2) from None
     path = write_trace(out, data)
-    Console().print(f"wrote {path}")
+    Console().print(f"wrote {path}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

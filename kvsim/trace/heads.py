@@ -74,12 +74,15 @@ def heads_from_json(raw: Any, file: str) -> HeadScores:
 
 
 def read_heads(path: str | Path) -> HeadScores:
-    """Read a calibration file written by :func:`write_heads`."""
+    """Read a calibration file written by :func:`write_heads` (a regular file, read with a
+    size bound and without blocking: a FIFO or ``/dev/zero`` is refused, not waited on)."""
+    from kvsim.trace.members import MAX_JSON_BYTES, read_member
+
     path = Path(path)
     try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TraceError(str(path), "<file>", "missing") from None
+        raw = json.loads(read_member(path, MAX_JSON_BYTES))
     except json.JSONDecodeError as exc:
         raise TraceError(str(path), "<json>", f"invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    except (ValueError, RecursionError):
+        raise TraceError(str(path), "<json>", "invalid JSON (not UTF-8 or nested too deeply)") from None
     return heads_from_json(raw, str(path))

@@ -1,10 +1,20 @@
-"""Open a trace lazily: metadata and the positions table eagerly (small), tensors as
-read-only memory maps of the safetensors file (a multi-GB trace is never loaded whole)."""
+"""Open a trace: every cheap structural check on open, tensors memory-mapped.
+
+Opening reads and checks ``meta.json`` (schema, types, ranges, the manifest of plain file
+names), the member files (regular files inside the directory, of the recorded sizes), the
+safetensors header (entries typed, offsets inside the file, shapes and dtypes against
+``meta.json``), the stored ``query_positions`` (integers, strictly increasing, in
+``[0, n_positions)``, every answer query present), ``positions.parquet`` and ``heads.json``.
+Keys, queries and values stay read-only memory maps (a multi-GB trace is never loaded whole);
+each layer of them is checked for NaN/inf the first time it is read, so no figure is ever
+computed from a non-finite value. The expensive checks of the whole trace (SHA-256 of every
+file, NaN/inf scan of every layer) run in :meth:`Trace.verify`, on ``Trace(path,
+verify=True)`` and in :func:`kvsim.trace.validate.validate_trace`.
+"""
 
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
@@ -15,57 +25,43 @@ import polars as pl
 
 from kvsim.trace.atomic import OLD_MARK, TMP_MARK
 from kvsim.trace.heads import heads_from_json
+from kvsim.trace.members import MAX_JSON_BYTES, member_sha256, member_size, read_member
+from kvsim.trace.positions import parse_positions
+from kvsim.trace.safetensors_header import TensorSpec, read_header
 from kvsim.trace.schema import (
     HEADS_FILE,
     META_FILE,
-    OPTIONAL_POSITION_COLUMNS,
-    POSITION_COLUMNS,
-    POSITION_KINDS,
     POSITIONS_FILE,
     TENSORS_FILE,
     TRACE_SUFFIX,
     TraceError,
     TraceMeta,
 )
+from kvsim.trace.tensors import check_query_positions, check_tensor_table, first_nonfinite
 from policies.base import HeadLayout, HeadScores
 
-_ST_DTYPES = {"F16": np.float16, "BF16": None, "F32": np.float32, "F64": np.float64,
-              "I64": np.int64, "I32": np.int32, "U8": np.uint8}
 
-
-def _read_safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
-    """Return (tensor table, byte offset of the data section) of a safetensors file."""
-    name = str(path)
+def read_json_member(path: Path, limit: int = MAX_JSON_BYTES) -> Any:
+    """Parse a JSON member file; :class:`TraceError` on unreadable or invalid JSON."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise TraceError(name, "<header>", "file too short to be safetensors")
-            (n,) = struct.unpack("<Q", head)
-            if n > 100_000_000:
-                raise TraceError(name, "<header>", f"implausible header size {n}")
-            raw = fh.read(n)
-    except FileNotFoundError:
-        raise TraceError(name, "<file>", "missing") from None
-    if len(raw) < n:
-        raise TraceError(name, "<header>", "truncated header")
-    try:
-        table = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise TraceError(name, "<header>", "header is not valid JSON") from None
-    table.pop("__metadata__", None)
-    return table, 8 + n
+        return json.loads(read_member(path, limit))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, too deep
+        detail = f": {exc.msg} at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise TraceError(str(path), "<json>", f"invalid JSON{detail}") from None
 
 
 class Trace:
-    """A trace opened for reading.
+    """A trace opened for reading (see the module docstring for what opening checks).
 
-    Opening checks the structure (schema version, files present with their recorded sizes,
-    tensor shapes against the metadata, positions table columns). Use
-    :func:`kvsim.trace.validate.validate_trace` for the deep checks (checksums, NaN scan).
+    Parameters
+    ----------
+    path
+        The ``*.kvtrace`` directory.
+    verify
+        Also run :meth:`verify` (checksums and the NaN/inf scan of every tensor).
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, verify: bool = False) -> None:
         self.path = Path(path)
         p = self.path
         if TMP_MARK in p.name or OLD_MARK in p.name:
@@ -73,123 +69,111 @@ class Trace:
         if not p.is_dir():
             raise TraceError(str(p), "<directory>", "not a trace directory" if p.exists() else "missing")
         meta_path = p / META_FILE
-        try:
-            raw = json.loads(meta_path.read_text())
-        except FileNotFoundError:
-            raise TraceError(str(meta_path), "<file>", "missing (incomplete or not a trace)") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise TraceError(str(meta_path), "<json>", f"invalid JSON ({exc})") from None
-        self.meta = TraceMeta.from_json(raw, str(meta_path))
-        self._check_files()
-        self._tensors, self._data_offset = _read_safetensors_header(p / TENSORS_FILE)
-        self._check_tensors()
+        member_size(p, META_FILE)
+        self.meta = TraceMeta.from_json(read_json_member(meta_path), str(meta_path))
+        self._sizes = self._check_members()
+        self._tensors: dict[str, TensorSpec] = read_header(p / TENSORS_FILE, self._sizes[TENSORS_FILE])
+        check_tensor_table(self._tensors, self.meta, str(p / TENSORS_FILE))
         self._maps: dict[str, np.ndarray] = {}
+        self._finite: set[tuple[str, int]] = set()
+        self.query_positions = np.array(self._map("query_positions"), dtype=np.int64)
+        check_query_positions(self.query_positions, self.meta, str(p / TENSORS_FILE))
+        self.positions: pl.DataFrame = parse_positions(
+            read_member(p / POSITIONS_FILE, self._sizes[POSITIONS_FILE]), str(p / POSITIONS_FILE),
+            self.meta, self.query_positions)
+        self.head_scores = self._read_head_scores()
+        if verify:
+            self.verify()
 
     # ------------------------------------------------------------------ structural checks
-    def _check_files(self) -> None:
+    def _check_members(self) -> dict[str, int]:
+        """Every manifest file is a regular file inside the trace of its recorded size."""
+        meta_file = str(self.path / META_FILE)
         required = [TENSORS_FILE, POSITIONS_FILE] + ([HEADS_FILE] if self.meta.has_head_scores else [])
         for name in required:
-            f = self.path / name
             if name not in self.meta.files:
-                raise TraceError(str(self.path / META_FILE), f"files.{name}", "missing from manifest")
-            if not f.exists():
-                raise TraceError(str(f), "<file>", "missing")
-            want = self.meta.files[name].get("bytes")
-            got = f.stat().st_size
-            if want != got:
-                raise TraceError(str(f), "<file>", f"size {got} bytes, manifest says {want} (truncated or replaced)")
+                raise TraceError(meta_file, f"files.{name}", "missing from manifest")
+        sizes = {}
+        for name, entry in self.meta.files.items():
+            got = member_size(self.path, name)
+            if got != entry["bytes"]:
+                raise TraceError(str(self.path / name), "<file>",
+                                 f"size {got} bytes, manifest says {entry['bytes']} (truncated or replaced)")
+            sizes[name] = got
+        return sizes
 
-    def _tensor_spec(self, name: str, shape: tuple[int, ...], dtypes: Iterable[str]) -> None:
-        f = str(self.path / TENSORS_FILE)
-        spec = self._tensors.get(name)
-        if spec is None:
-            raise TraceError(f, name, "tensor missing")
-        if spec.get("dtype") not in dtypes:
-            raise TraceError(f, name, f"dtype {spec.get('dtype')} not in {sorted(dtypes)}")
-        if tuple(spec.get("shape", ())) != shape:
-            raise TraceError(f, name, f"shape {tuple(spec.get('shape', ()))} != {shape} implied by meta.json")
-        begin, end = spec["data_offsets"]
-        size = (self.path / TENSORS_FILE).stat().st_size
-        if self._data_offset + end > size:
-            raise TraceError(f, name, "data runs past the end of the file (truncated)")
-        itemsize = np.dtype(_ST_DTYPES[spec["dtype"]]).itemsize
-        if end - begin != int(np.prod(shape)) * itemsize:
-            raise TraceError(f, name, "byte range does not match shape and dtype")
+    def _read_head_scores(self) -> HeadScores | None:
+        if not self.meta.has_head_scores:
+            return None
+        f = self.path / HEADS_FILE
+        scores = heads_from_json(read_json_member(f, self._sizes[HEADS_FILE]), str(f))
+        want = (self.meta.model.n_layers, self.meta.model.n_kv_heads)
+        if scores.voice_score.shape != want:
+            raise TraceError(str(f), "voice_score", f"shape {scores.voice_score.shape} != (n_layers, n_kv_heads) {want}")
+        return scores
 
-    def _check_tensors(self) -> None:
-        m = self.meta.model
-        f = str(self.path / TENSORS_FILE)
-        qp = self._tensors.get("query_positions")
-        if qp is None:
-            raise TraceError(f, "query_positions", "tensor missing")
-        nq = (qp.get("shape") or [0])[0]
-        float_dtypes = {"F16", "F32"}
-        kv_shape = (m.n_layers, m.n_kv_heads, self.meta.n_positions, m.head_dim)
-        self._tensor_spec("keys", kv_shape, float_dtypes)
-        self._tensor_spec("queries", (m.n_layers, m.n_q_heads, nq, m.head_dim), float_dtypes)
-        self._tensor_spec("query_positions", (nq,), {"I64"})
-        if self.meta.has_values:
-            self._tensor_spec("values", kv_shape, float_dtypes)
+    # ------------------------------------------------------------------ deep checks
+    def verify(self) -> None:
+        """The expensive checks: the SHA-256 of every manifest file and a NaN/inf scan of
+        every layer of keys, queries and values."""
+        self.verify_checksums()
+        self.check_finite()
+
+    def verify_checksums(self) -> None:
+        """Compare every manifest file with its recorded SHA-256 (when one is recorded)."""
+        for name, entry in self.meta.files.items():
+            f = self.path / name
+            if entry.get("sha256") and member_sha256(f, self._sizes[name]) != entry["sha256"]:
+                raise TraceError(str(f), "<file>", "SHA-256 does not match meta.json (corrupted)")
+
+    def check_finite(self, names: Iterable[str] = ("keys", "queries", "values")) -> None:
+        """Scan every layer of the tensors ``names`` (values only when stored) for NaN/inf."""
+        for name in names:
+            if name == "values" and not self.meta.has_values:
+                continue
+            for layer in range(self.meta.model.n_layers):
+                self._layer(name, layer)
 
     # ------------------------------------------------------------------ tensors
     def _map(self, name: str) -> np.ndarray:
         if name not in self._maps:
             spec = self._tensors[name]
-            self._maps[name] = np.memmap(
-                self.path / TENSORS_FILE,
-                dtype=_ST_DTYPES[spec["dtype"]],
-                mode="r",
-                offset=self._data_offset + spec["data_offsets"][0],
-                shape=tuple(spec["shape"]),
-            )
+            self._maps[name] = np.memmap(self.path / TENSORS_FILE, dtype=spec.numpy_dtype, mode="r",
+                                         offset=spec.begin, shape=spec.shape)
         return self._maps[name]
+
+    def _layer(self, name: str, layer: int) -> np.ndarray:
+        """One layer of a float tensor, checked for NaN/inf on its first read."""
+        arr = self._map(name)[layer]
+        if (name, layer) not in self._finite:
+            bad = first_nonfinite(arr)
+            if bad is not None:
+                raise TraceError(str(self.path / TENSORS_FILE), name,
+                                 f"non-finite value {arr[bad]} at layer {layer}, index {list(bad)}")
+            self._finite.add((name, layer))
+        return arr
 
     def keys(self, layer: int) -> np.ndarray:
         """Post-RoPE keys of ``layer``: (H_kv, N, D), memory-mapped, storage dtype."""
-        return self._map("keys")[layer]
+        return self._layer("keys", layer)
 
     def values(self, layer: int) -> np.ndarray | None:
         """Values of ``layer`` (H_kv, N, D) or None if the trace stores none."""
-        return self._map("values")[layer] if self.meta.has_values else None
+        return self._layer("values", layer) if self.meta.has_values else None
 
     def queries(self, layer: int) -> np.ndarray:
         """Stored post-RoPE queries of ``layer``: (H_q, N_q, D)."""
-        return self._map("queries")[layer]
-
-    @cached_property
-    def query_positions(self) -> np.ndarray:
-        return np.asarray(self._map("query_positions"), dtype=np.int64)
+        return self._layer("queries", layer)
 
     def query_index(self, position: int) -> int:
         """Row in :meth:`queries` of the query at absolute ``position``."""
         i = int(np.searchsorted(self.query_positions, position))
         if i >= len(self.query_positions) or self.query_positions[i] != position:
-            raise KeyError(f"no query stored for position {position}")
+            raise TraceError(str(self.path / TENSORS_FILE), "query_positions",
+                             f"no query stored for position {position}")
         return i
 
     # ------------------------------------------------------------------ tables and facts
-    @cached_property
-    def positions(self) -> pl.DataFrame:
-        f = self.path / POSITIONS_FILE
-        try:
-            df = pl.read_parquet(f)
-        except Exception as exc:  # polars/arrow raise many types for garbage input
-            raise TraceError(str(f), "<parquet>", f"unreadable ({type(exc).__name__})") from None
-        for col, dtype in POSITION_COLUMNS.items():
-            if col not in df.columns:
-                raise TraceError(str(f), col, "column missing")
-            if df.schema[col] != dtype and not (df[col].null_count() == df.height):
-                raise TraceError(str(f), col, f"dtype {df.schema[col]} != {dtype}")
-        for col, dtype in OPTIONAL_POSITION_COLUMNS.items():
-            if col in df.columns and df.schema[col] != dtype and df[col].null_count() != df.height:
-                raise TraceError(str(f), col, f"dtype {df.schema[col]} != {dtype}")
-        if df.height != self.meta.n_positions:
-            raise TraceError(str(f), "position", f"{df.height} rows, meta.json says {self.meta.n_positions}")
-        bad = set(df["kind"].unique().to_list()) - set(POSITION_KINDS)
-        if bad:
-            raise TraceError(str(f), "kind", f"unknown kinds {sorted(map(str, bad))}")
-        return df
-
     @cached_property
     def audio_positions(self) -> np.ndarray:
         """Absolute positions of the audio KV, ascending (T_a,)."""
@@ -229,17 +213,6 @@ class Trace:
         m = self.meta.model
         return HeadLayout(m.n_layers, m.n_q_heads, m.n_kv_heads, m.head_dim)
 
-    @cached_property
-    def head_scores(self) -> HeadScores | None:
-        if not self.meta.has_head_scores:
-            return None
-        f = self.path / HEADS_FILE
-        try:
-            raw = json.loads(f.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise TraceError(str(f), "<json>", "invalid JSON") from None
-        return heads_from_json(raw, str(f))
-
     @property
     def name(self) -> str:
         return self.path.name.removesuffix(TRACE_SUFFIX)
@@ -250,10 +223,11 @@ class Trace:
 
     def tensor_bytes(self) -> int:
         """Raw bytes of the stored tensors (the denominator of the size-overhead figure)."""
-        return sum(s["data_offsets"][1] - s["data_offsets"][0] for s in self._tensors.values())
+        return sum(s.nbytes for s in self._tensors.values())
 
     def disk_bytes(self) -> int:
-        return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
+        """Bytes of ``meta.json`` and the files of its manifest."""
+        return member_size(self.path, META_FILE) + sum(self._sizes.values())
 
     def __repr__(self) -> str:
         m = self.meta.model
@@ -270,12 +244,29 @@ def find_traces(paths: Iterable[str | Path]) -> list[Path]:
         p = Path(arg)
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such file or directory")
-        if p.suffix == TRACE_SUFFIX or (p / META_FILE).exists():
-            out.append(p)
-            continue
-        found = sorted(
-            d for d in p.rglob(f"*{TRACE_SUFFIX}")
-            if d.is_dir() and TMP_MARK not in d.name and OLD_MARK not in d.name
-        )
-        out.extend(found)
+        out.extend(_expand(p))
     return out
+
+
+def collect_traces(paths: Iterable[str | Path]) -> tuple[list[Path], list[TraceError]]:
+    """:func:`find_traces` that goes on past a bad argument: the traces found, and one error
+    per argument that is missing or is a folder holding no trace."""
+    found: list[Path] = []
+    errors: list[TraceError] = []
+    for arg in paths:
+        p = Path(arg)
+        if not p.exists() and not p.is_symlink():
+            errors.append(TraceError(str(p), "<directory>", "no such file or directory"))
+            continue
+        traces = _expand(p)
+        if not traces:
+            errors.append(TraceError(str(p), "<directory>", f"contains no *{TRACE_SUFFIX}"))
+        found.extend(traces)
+    return found, errors
+
+
+def _expand(p: Path) -> list[Path]:
+    if p.suffix == TRACE_SUFFIX or not p.is_dir() or (p / META_FILE).exists():
+        return [p]
+    return sorted(d for d in p.rglob(f"*{TRACE_SUFFIX}")
+                  if d.is_dir() and TMP_MARK not in d.name and OLD_MARK not in d.name)
