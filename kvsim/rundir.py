@@ -57,7 +57,7 @@ def input_error(path: object, exc: BaseException) -> str:
 
 def check_out_dir(path: Path) -> None:
     """Raise :class:`OutDirError` unless ``path`` is (or can be created as) a writable
-    directory. Checked before any work starts."""
+    directory. Checked before any work starts; creates nothing."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise OutDirError(f"--out {path}: exists and is not a directory")
@@ -68,13 +68,6 @@ def check_out_dir(path: Path) -> None:
         raise OutDirError(f"--out {path}: {probe} is not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise OutDirError(f"--out {path}: {probe} is not writable")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        test = path / f".write-test-{uuid.uuid4().hex[:8]}"
-        test.write_bytes(b"")
-        test.unlink()
-    except OSError as exc:
-        raise OutDirError(f"--out {path}: cannot write ({exc.strerror or exc})") from None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -170,7 +163,11 @@ class RunDir:
         ``resume``, keep the inputs a previous run with the same ``config`` completed."""
         path = Path(path)
         check_out_dir(path)
-        lock = acquire_lock(path)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            lock = acquire_lock(path)
+        except OSError as exc:  # e.g. a read-only file system that os.access did not reveal
+            raise OutDirError(f"--out {path}: cannot write ({exc.strerror or exc})") from None
         try:
             old = read_manifest(path)
             kept: dict[str, dict] = {}
