@@ -31,7 +31,7 @@ from typing import Any
 
 import polars as pl
 
-from kvsim.trace.atomic import atomic_file, atomic_write_text
+from kvsim.trace.atomic import TMP_MARK, atomic_file, atomic_write_text
 
 MANIFEST = "run.json"
 LOCK = ".kvsim.lock"
@@ -113,14 +113,19 @@ def _lock_holder(lock: Path) -> dict | None:
 
 
 def clear_run(path: Path) -> None:
-    """Remove what an earlier run wrote under the managed names (and leftover temp files)."""
+    """Remove what an earlier run wrote under the managed names (and leftover temp files).
+    Only in a directory an earlier kvsim run wrote (it has ``run.json`` or, from versions
+    before the manifest, ``results.parquet``): a user's own ``steps/`` elsewhere is kept."""
+    path = Path(path)
+    if not ((path / MANIFEST).exists() or (path / "results.parquet").exists()):
+        return
     for name in MANAGED:
         p = Path(path) / name
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         elif p.exists() or p.is_symlink():
             p.unlink()
-    for p in Path(path).glob(f"*{'.tmp-'}*"):
+    for p in path.glob(f"*{TMP_MARK}*"):
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
