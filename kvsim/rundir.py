@@ -18,6 +18,7 @@ completed and runs only the rest.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -201,7 +202,7 @@ class RunDir:
 
     def __exit__(self, *exc: object) -> None:
         if self.manifest["status"] == "running" and exc[0] is not None:
-            self.finish("failed")
+            self.finish("interrupted" if issubclass(exc[0], KeyboardInterrupt) else "failed")
         self.release()
 
     def release(self) -> None:
@@ -213,8 +214,11 @@ class RunDir:
         atomic_write_text(self.path / MANIFEST, json.dumps(self.manifest, indent=1, default=str))
 
     def part_path(self, key: str) -> Path:
-        safe = "".join(c if c.isalnum() or c in "-_.=@" else "_" for c in key)
-        return self.path / PARTS / f"{safe}.parquet"
+        """``parts/<name>-<hash>.parquet``: the input's file name, made safe, and a hash of
+        the whole key (two inputs of one name in different folders get two parts)."""
+        name = "".join(c if c.isalnum() or c in "-_.=@" else "_" for c in Path(key).name)[:80]
+        digest = hashlib.sha1(key.encode()).hexdigest()[:8]
+        return self.path / PARTS / f"{name}-{digest}.parquet"
 
     def done(self, key: str, frame: pl.DataFrame | None = None, **info: Any) -> None:
         """Record input ``key`` as complete; its results ``frame`` become a part file first."""

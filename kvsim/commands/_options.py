@@ -28,7 +28,7 @@ def check_range(flag: str, value: float | None, low: float | None = None,
     hi_ok = high is None or (value < high if high_open else value <= high)
     if math.isnan(value) or not (lo_ok and hi_ok):
         raise OptionError(f"option {flag} must be in {_interval(low, high, low_open, high_open)}, "
-                          f"got {value:g}")
+                          f"got {value if isinstance(value, int) else f'{value:g}'}")
 
 
 def _interval(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:

@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
         from tracer.batch import ALIGNERS, BatchConfig
         from tracer.run import TraceOptions
 
-        console = Console(stderr=True)
+        console = Console(stderr=True, soft_wrap=True)
         try:
             check_positive_ints(max_new_tokens=max_new_tokens)
             check_out_dir(out)

@@ -201,7 +201,7 @@ def from_manifest(path: Path, split: str | None = None) -> list[LiveInput]:
         path = path / "manifest.parquet"
     if not path.exists():
         raise DataError(f"{path}: manifest not found")
-    df = pl.read_parquet(path)
+    df = pl.read_parquet(path, glob=False)
     for col in ("audio_path", "text"):
         if col not in df.columns:
             raise DataError(f"{path}: manifest has no column {col!r}")
