@@ -37,9 +37,11 @@ from kvsim.trace.atomic import TMP_MARK, atomic_file, atomic_write_text
 MANIFEST = "run.json"
 LOCK = ".kvsim.lock"
 PARTS = "parts"
+#: Outputs combined over all inputs at the end of a run.
+COMBINED = ("results.parquet", "runs.parquet", "sim_results.parquet", "recall_vs_rgpu.html",
+            "recall_vs_rgpu.png", "wer_vs_rgpu.html", "wer_vs_rgpu.png")
 #: Entries of an output directory that belong to one run and are replaced by a fresh run.
-MANAGED = (MANIFEST, PARTS, "steps", "results.parquet", "runs.parquet", "sim_results.parquet",
-           "recall_vs_rgpu.html", "recall_vs_rgpu.png", "wer_vs_rgpu.html", "wer_vs_rgpu.png")
+MANAGED = (MANIFEST, PARTS, "steps", *COMBINED)
 
 
 class OutDirError(ValueError):
@@ -185,8 +187,9 @@ class RunDir:
                         if k in inputs and _part_ok(path, v)}
             if not kept:
                 clear_run(path)
-            else:
-                (path / "results.parquet").unlink(missing_ok=True)
+            else:  # resumed: the combined outputs are rewritten at the end
+                for name in COMBINED:
+                    (path / name).unlink(missing_ok=True)
             run = cls(path, {"command": command, "argv": sys.argv, "kvsim_version": _version(),
                              "started": _now(), "ended": None, "status": "running",
                              "pid": os.getpid(), "config": config, "inputs": inputs,

@@ -55,7 +55,6 @@ def live(
     from kvsim.rundir import RunDir, check_out_dir
     from kvsim.specs import parse_budgets
     from kvsim.trace.heads import read_heads
-    from tracer.live.data import DataError, from_paths, load_dataset, select_ids
     from tracer.live.decode import LiveConfig
     from tracer.live.models import load_backbone
     from tracer.live.run import make_plan
@@ -65,29 +64,12 @@ def live(
         check_positive_ints(limit=limit, max_new_tokens=max_new_tokens)
         check_range("--max-seconds", max_seconds, 0, low_open=True)
         plan = make_plan(policy, parse_budgets(budget), transform)
-        if ids and limit:
-            raise DataError("--ids and --limit both select inputs: give one of them")
-        if dataset:
-            if not inputs or len(inputs) != 1:
-                raise DataError("--dataset takes exactly one root folder (or manifest) argument")
-            items = load_dataset(dataset, inputs[0], split=split, limit=limit)
-        else:
-            if not inputs:
-                raise DataError("no inputs: give audio files/folders or --dataset KIND ROOT")
-            items = from_paths(inputs, reference)[:limit] if limit else from_paths(inputs, reference)
-        if ids:
-            items = select_ids(items, [i.strip() for i in ids.split(",") if i.strip()])
-        if task is not None:
-            if task not in ("transcribe", "translate"):
-                raise DataError(f"--task {task!r}: transcribe or translate")
-            for it in items:
-                it.task = task
+        items = _select_inputs(inputs, reference, dataset, split, limit, ids, task)
         scores = read_heads(calibration) if calibration else None
         config = {"model": model, "plan": [f"{p.transform}/{p.spec.label}@{p.spec.budget:g}" for p in plan],
                   "max_new_tokens": max_new_tokens, "max_seconds": max_seconds, "task": task,
                   "language": language, "instruction": instruction, "physical": physical,
                   "calibration": str(calibration) if calibration else None, "dtype": dtype}
-        _check_unique_ids(items)
         check_out_dir(out)
         lm = load_backbone(model, device=device, dtype=dtype)
         run = RunDir.open(out, "live", [i.id for i in items], config, resume=resume)
@@ -100,6 +82,33 @@ def live(
                     dict(max_seconds=max_seconds, instruction=instruction, language=language), plot)
     if run.manifest["status"] != "complete":
         raise typer.Exit(1)
+
+
+def _select_inputs(inputs: list[Path] | None, reference: list[str] | None, dataset: str | None,
+                   split: str | None, limit: int | None, ids: str | None, task: str | None) -> list:
+    """The inputs to decode, from files/folders or a dataset, narrowed by --limit / --ids,
+    with --task applied; DataError (one line) on a bad selection."""
+    from tracer.live.data import DataError, from_paths, load_dataset, select_ids
+
+    if ids and limit:
+        raise DataError("--ids and --limit both select inputs: give one of them")
+    if dataset:
+        if not inputs or len(inputs) != 1:
+            raise DataError("--dataset takes exactly one root folder (or manifest) argument")
+        items = load_dataset(dataset, inputs[0], split=split, limit=limit)
+    else:
+        if not inputs:
+            raise DataError("no inputs: give audio files/folders or --dataset KIND ROOT")
+        items = from_paths(inputs, reference)[:limit] if limit else from_paths(inputs, reference)
+    if ids:
+        items = select_ids(items, [i.strip() for i in ids.split(",") if i.strip()])
+    if task is not None:
+        if task not in ("transcribe", "translate"):
+            raise DataError(f"--task {task!r}: transcribe or translate")
+        for it in items:
+            it.task = task
+    _check_unique_ids(items)
+    return items
 
 
 def _check_unique_ids(items: list) -> None:
