@@ -17,6 +17,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+import kvsim.replay.engine  # noqa: F401  (imported now: the in-process second writer is quick)
 from kvsim.cli import app
 from kvsim.rundir import LOCK
 from kvsim.trace.validate import validate_trace
@@ -27,17 +28,25 @@ ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 
-def _kill_after(args: list[str], out: Path, first_done: Callable[[], bool]) -> None:
-    """Start ``python -m kvsim ARGS``, wait until ``first_done()``, then SIGKILL it."""
+def _kill_after(args: list[str], out: Path, first_done: Callable[[], bool],
+                meanwhile: Callable[[], None] = lambda: None) -> None:
+    """Start ``python -m kvsim ARGS``; once it has written run.json run ``meanwhile()``; wait
+    until ``first_done()``, then SIGKILL it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "kvsim", *args, "-o", str(out)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = out.with_name(f"{out.name}.stderr")  # a file, not a pipe: a full pipe would block it
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "kvsim", *args, "-o", str(out)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.monotonic() + 150
+    started = False
     try:
         while not first_done():
+            if not started and (out / "run.json").exists():
+                started = True
+                meanwhile()
             if proc.poll() is not None:
                 pytest.fail(f"exited ({proc.returncode}) before its first result: "
-                            f"{proc.stderr.read().decode()[-2000:]}")
+                            f"{log.read_text()[-2000:]}")
             if time.monotonic() > deadline:
                 pytest.fail("no first result within 150 s")
             time.sleep(0.01)
@@ -61,8 +70,8 @@ def _first_completed(out: Path) -> Callable[[], bool]:
 def _assert_nothing_half_written_looks_complete(out: Path) -> dict:
     m = json.loads((out / "run.json").read_text())
     assert m["status"] == "running"
-    assert not (out / "results.parquet").exists()
     assert 1 <= len(m["completed"]) < len(m["inputs"])
+    assert not (out / "results.parquet").exists()  # written only once every input is done
     for entry in m["completed"].values():  # every kept part is whole (a part written just
         assert pl.read_parquet(out / entry["part"]).height > 0  # before the kill is not listed)
     assert (out / LOCK).exists()  # left by the dead process; the rerun takes it over
@@ -71,20 +80,25 @@ def _assert_nothing_half_written_looks_complete(out: Path) -> dict:
 
 def test_kill_replay_then_resume(tmp_path):
     d = tmp_path / "tr"
-    for i in range(8):
+    for i in range(12):
         make_trace(d / f"t{i}.kvtrace", preset="small", seconds=20, steps=40, seed=i)
     out = tmp_path / "out"
     args = ["replay", str(d), "-p", "full,snapkv,streaming", "-b", "0.3"]
-    _kill_after(args, out, _first_completed(out))
+
+    def second_writer_refused() -> None:
+        res = runner.invoke(app, [*args, "-o", str(out)])
+        assert res.exit_code == 2 and "in use by kvsim pid" in res.output, res.output
+
+    _kill_after(args, out, _first_completed(out), second_writer_refused)
     killed = _assert_nothing_half_written_looks_complete(out)
     res = runner.invoke(app, [*args, "-o", str(out), "--resume"])
     assert res.exit_code == 0, res.output
     for path in killed["completed"]:
         assert f"replaying {path} " not in res.output  # kept, not redone
     table = pl.read_parquet(out / "results.parquet")
-    assert sorted(set(table["trace"])) == [f"t{i}" for i in range(8)] and table.height == 8 * 3
+    assert sorted(set(table["trace"])) == sorted(f"t{i}" for i in range(12)) and table.height == 12 * 3
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
-    assert len(list((out / "steps").glob("*.parquet"))) == 8 * 3
+    assert len(list((out / "steps").glob("*.parquet"))) == 12 * 3
 
 
 def test_kill_live_then_resume(tmp_path):
