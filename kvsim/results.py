@@ -8,6 +8,7 @@ from pathlib import Path
 
 import polars as pl
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvsim.replay.engine import RunResult
@@ -37,17 +38,26 @@ def results_frame(results: Sequence[RunResult]) -> pl.DataFrame:
     return pl.DataFrame([r.summary for r in results])
 
 
-def write_outputs(out: Path, results: Sequence[RunResult]) -> pl.DataFrame:
-    """Write ``results.parquet`` and ``steps/<trace>__<policy>__<budget>.{parquet,json}``
-    atomically (each file appears whole or not at all). Returns the results table."""
-    out.mkdir(parents=True, exist_ok=True)
+def write_step_logs(out: Path, results: Sequence[RunResult]) -> list[str]:
+    """Write ``steps/<trace>__<policy>__<budget>.{parquet,json}`` atomically (each file
+    appears whole or not at all); returns their names relative to ``out``."""
     steps = out / "steps"
-    steps.mkdir(exist_ok=True)
+    steps.mkdir(parents=True, exist_ok=True)
+    names = []
     for r in results:
         name = step_log_name(r)
         with atomic_file(steps / f"{name}.parquet") as tmp:
             r.step_log.write_parquet(tmp)
         atomic_write_text(steps / f"{name}.json", json.dumps(r.facts.to_json(), indent=1))
+        names.append(f"steps/{name}.parquet")
+    return names
+
+
+def write_outputs(out: Path, results: Sequence[RunResult]) -> pl.DataFrame:
+    """Write ``results.parquet`` and the step logs (:func:`write_step_logs`) atomically.
+    Returns the results table."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_step_logs(out, results)
     frame = results_frame(results)
     with atomic_file(out / "results.parquet") as tmp:
         frame.write_parquet(tmp)
@@ -67,7 +77,7 @@ def print_table(frame: pl.DataFrame, console: Console | None = None, title: str 
         cells = []
         for key, _, fmt in cols:
             v = row[key]
-            cells.append("-" if v is None or (isinstance(v, float) and v != v) else fmt.format(v))
+            cells.append("-" if v is None or (isinstance(v, float) and v != v) else escape(fmt.format(v)))
         table.add_row(*cells)
     console.print(table)
 
@@ -97,6 +107,6 @@ def print_sim_table(frame: pl.DataFrame, console: Console | None = None, title: 
     for c in keys + numeric:
         table.add_column(c, justify="left" if c in ("trace", "policy", "sim_mode") else "right")
     for row in frame.iter_rows(named=True):
-        table.add_row(*[str(row[c]) for c in keys[:2]], f"{row['budget']:.2f}", str(row["sim_mode"]),
+        table.add_row(*[escape(str(row[c])) for c in keys[:2]], f"{row['budget']:.2f}", escape(str(row["sim_mode"])),
                       *[f"{row[c]:.4g}" if row[c] is not None else "-" for c in numeric])
     console.print(table)

@@ -7,8 +7,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -29,6 +31,9 @@ from tracer.alignment import (
 from tracer.audio import AudioError, load_audio
 from tracer.backbones import Backbone, LoadOptions, load_backbone
 from tracer.run import TraceOptions, build_trace, generate_traced
+
+if TYPE_CHECKING:
+    from kvsim.rundir import RunDir
 
 ALIGNERS = ("auto", "reference", "whisper", "none")
 
@@ -119,7 +124,7 @@ class Tracer:
                 self._whisper = WhisperAligner()
             except (AlignmentError, ImportError, RuntimeError, OSError) as exc:
                 self._whisper_error = str(exc).splitlines()[0]
-                self.console.print(f"[yellow]no offline aligner: {self._whisper_error}[/]")
+                self.console.print(f"[yellow]no offline aligner: {escape(self._whisper_error)}[/]")
         return self._whisper
 
     def align(self, clip, tokens: list[int], align_file: Path | None) -> TokenAlignment | None:
@@ -158,8 +163,9 @@ class Tracer:
 
 
 def run_batch(inputs: list[Path], cfg: BatchConfig, console: Console | None = None,
-              ) -> list[InputResult]:
-    """Trace every input; never stops on a bad input (its reason is in the result)."""
+              run: RunDir | None = None) -> list[InputResult]:
+    """Trace every input; never stops on a bad input (its reason is in the result). With
+    ``run``, each input is recorded in its manifest as soon as it is done or has failed."""
     console = console or Console(stderr=True)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     tracer = Tracer(cfg, console)
@@ -172,10 +178,11 @@ def run_batch(inputs: list[Path], cfg: BatchConfig, console: Console | None = No
         for audio in inputs:
             name = trace_name(audio, inputs)
             out = cfg.out_dir / name
-            progress.update(task_in, description=f"inputs ({audio.name})")
+            progress.update(task_in, description=f"inputs ({escape(audio.name)})")
             clean_stale(cfg.out_dir, name)
             if out.exists() and not cfg.overwrite and is_complete(out):
                 results.append(_skipped(audio, out))
+                _record(run, results[-1])
                 progress.advance(task_in)
                 continue
             progress.reset(task_tok, total=cfg.options.max_new_tokens, visible=True)
@@ -191,11 +198,23 @@ def run_batch(inputs: list[Path], cfg: BatchConfig, console: Console | None = No
                 msg = str(exc).splitlines()[0] if str(exc) else ""
                 res = InputResult(audio, "failed", f"{type(exc).__name__}: {msg}")
             results.append(res)
+            _record(run, res)
             if res.status == "failed":
-                console.print(f"[red]failed[/] {audio}: {res.reason}")
+                console.print(f"[red]failed[/] {escape(str(audio))}: {escape(res.reason)}")
             progress.update(task_tok, visible=False)
             progress.advance(task_in)
     return results
+
+
+def _record(run: RunDir | None, res: InputResult) -> None:
+    """Note one finished input in the run manifest (traces themselves are written atomically)."""
+    if run is None:
+        return
+    if res.status == "failed":
+        run.failed(str(res.path), f"{res.path}: {res.reason}")
+    else:
+        run.done(str(res.path), None, status=res.status,
+                 trace=res.trace.name if res.trace else None, tokens=res.tokens)
 
 
 def _fatal(exc: Exception) -> bool:
@@ -227,5 +246,5 @@ def summary_table(results: list[InputResult], wall_s: float) -> Table:
     t.add_row("trace size", f"{sum(r.bytes for r in done) / 1e6:.2f} MB")
     t.add_row("wall time", f"{wall_s:.1f} s")
     for r in failed:
-        t.add_row("[red]failed[/]", f"{r.path}: {r.reason}")
+        t.add_row("[red]failed[/]", escape(f"{r.path}: {r.reason}"))
     return t

@@ -1,3 +1,43 @@
-"""Help texts shared by the commands that load a real model (trace, calibrate)."""
+"""Shared by the commands: help texts and the one range check of numeric options."""
+
+from __future__ import annotations
+
+import math
 
 MODEL_HELP = "voxtral-mini, voxtral-small, qwen-omni, minivox, or a checkpoint directory."
+
+
+class OptionError(ValueError):
+    """A command-line option outside its valid range; ``str()`` is the one-line message."""
+
+
+def check_range(flag: str, value: float | None, low: float | None = None,
+                high: float | None = None, *, low_open: bool = False,
+                high_open: bool = False) -> None:
+    """Raise :class:`OptionError` ``"option FLAG must be in RANGE, got V"`` unless ``value``
+    lies in the interval (``None`` = option not given, always accepted; NaN never is).
+
+    Parameters
+    ----------
+    flag : the option as the user types it, e.g. ``--topk``
+    low, high : bounds (None = unbounded); ``low_open`` / ``high_open`` exclude them.
+    """
+    if value is None:
+        return
+    lo_ok = low is None or (value > low if low_open else value >= low)
+    hi_ok = high is None or (value < high if high_open else value <= high)
+    if math.isnan(value) or not (lo_ok and hi_ok):
+        raise OptionError(f"option {flag} must be in {_interval(low, high, low_open, high_open)}, "
+                          f"got {value if isinstance(value, int) else f'{value:g}'}")
+
+
+def _interval(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    left = "(-inf" if low is None else f"{'(' if low_open else '['}{low:g}"
+    right = "inf)" if high is None else f"{high:g}{')' if high_open else ']'}"
+    return f"{left}, {right}"
+
+
+def check_positive_ints(**options: int | None) -> None:
+    """``check_range(--name, v, 1)`` for each keyword (underscores become dashes)."""
+    for name, value in options.items():
+        check_range("--" + name.replace("_", "-"), value, 1)

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(stderr=True, soft_wrap=True)
 
@@ -42,63 +43,109 @@ def live(
     dtype: Annotated[str, typer.Option(help="Weights dtype")] = "float32",
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory")] = Path("runs/live"),
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write the WER-vs-r_GPU chart")] = True,
+    resume: Annotated[bool, typer.Option("--resume", help="Keep the inputs an interrupted run with the same options completed in --out; decode only the rest")] = False,
 ) -> None:
     """Decode inputs with KV-cache policies applied inside the model's attention; report
-    truncated WER / BLEU, termination, measured r_GPU and r_GPU+CPU, H2D traffic, ms/token."""
+    truncated WER / BLEU, termination, measured r_GPU and r_GPU+CPU, H2D traffic, ms/token.
+    An input that cannot be read (empty, NaN/inf, silent, unreadable) or decoded is reported
+    in one line and skipped, never scored; the others run (exit code 1)."""
     import torch
 
+    from kvsim.commands._options import check_positive_ints, check_range
+    from kvsim.rundir import RunDir, check_out_dir
     from kvsim.specs import parse_budgets
     from kvsim.trace.heads import read_heads
-    from tracer.live.data import DataError, from_paths, load_dataset, select_ids
     from tracer.live.decode import LiveConfig
     from tracer.live.models import load_backbone
-    from tracer.live.run import LiveJob, make_plan, run_live, wer_chart
+    from tracer.live.run import make_plan
 
     torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "1")))
     try:
+        check_positive_ints(limit=limit, max_new_tokens=max_new_tokens)
+        check_range("--max-seconds", max_seconds, 0, low_open=True)
         plan = make_plan(policy, parse_budgets(budget), transform)
-        if ids and limit:
-            raise DataError("--ids and --limit both select inputs: give one of them")
-        if dataset:
-            if not inputs or len(inputs) != 1:
-                raise DataError("--dataset takes exactly one root folder (or manifest) argument")
-            items = load_dataset(dataset, inputs[0], split=split, limit=limit)
-        else:
-            if not inputs:
-                raise DataError("no inputs: give audio files/folders or --dataset KIND ROOT")
-            items = from_paths(inputs, reference)[:limit] if limit else from_paths(inputs, reference)
-        if ids:
-            items = select_ids(items, [i.strip() for i in ids.split(",") if i.strip()])
-        if task is not None:
-            if task not in ("transcribe", "translate"):
-                raise DataError(f"--task {task!r}: transcribe or translate")
-            for it in items:
-                it.task = task
+        items = _select_inputs(inputs, reference, dataset, split, limit, ids, task)
         scores = read_heads(calibration) if calibration else None
+        config = {"model": model, "plan": [f"{p.transform}/{p.spec.label}@{p.spec.budget:g}" for p in plan],
+                  "max_new_tokens": max_new_tokens, "max_seconds": max_seconds, "task": task,
+                  "language": language, "instruction": instruction, "physical": physical,
+                  "calibration": str(calibration) if calibration else None, "dtype": dtype}
+        check_out_dir(out)
         lm = load_backbone(model, device=device, dtype=dtype)
+        run = RunDir.open(out, "live", [i.id for i in items], config, resume=resume)
     except (ValueError, KeyError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
-    cfg = LiveConfig(max_new_tokens=max_new_tokens, physical=physical, head_scores=scores)
-    job = LiveJob(items, plan, cfg, max_seconds=max_seconds, instruction=instruction,
-                  language=language)
-    t0 = time.perf_counter()
-    try:
-        frame = run_live(lm, job, out, log=lambda m: console.print(m))
-    except (ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(1) from None
-    wall = time.perf_counter() - t0
+    with run:
+        _decode_all(run, items, plan, lm,
+                    LiveConfig(max_new_tokens=max_new_tokens, physical=physical, head_scores=scores),
+                    dict(max_seconds=max_seconds, instruction=instruction, language=language), plot)
+    if run.manifest["status"] != "complete":
+        raise typer.Exit(1)
+
+
+def _select_inputs(inputs: list[Path] | None, reference: list[str] | None, dataset: str | None,
+                   split: str | None, limit: int | None, ids: str | None, task: str | None) -> list:
+    """The inputs to decode, from files/folders or a dataset, narrowed by --limit / --ids,
+    with --task applied; DataError (one line) on a bad selection."""
+    from tracer.live.data import DataError, from_paths, load_dataset, select_ids
+
+    if ids and limit:
+        raise DataError("--ids and --limit both select inputs: give one of them")
+    if dataset:
+        if not inputs or len(inputs) != 1:
+            raise DataError("--dataset takes exactly one root folder (or manifest) argument")
+        items = load_dataset(dataset, inputs[0], split=split, limit=limit)
+    else:
+        if not inputs:
+            raise DataError("no inputs: give audio files/folders or --dataset KIND ROOT")
+        items = from_paths(inputs, reference)[:limit] if limit else from_paths(inputs, reference)
+    if ids:
+        items = select_ids(items, [i.strip() for i in ids.split(",") if i.strip()])
+    if task is not None:
+        if task not in ("transcribe", "translate"):
+            raise DataError(f"--task {task!r}: transcribe or translate")
+        for it in items:
+            it.task = task
+    _check_unique_ids(items)
+    return items
+
+
+def _check_unique_ids(items: list) -> None:
+    """Each input's results are kept under its id: two inputs may not share one."""
+    seen: dict[str, object] = {}
+    for it in items:
+        if it.id in seen:
+            raise ValueError(f"{it.audio_path}: id {it.id!r} is also the id of {seen[it.id]}; "
+                             "rename one of them")
+        seen[it.id] = it.audio_path
+
+
+def _decode_all(run, items: list, plan: list, lm, cfg, job_args: dict, plot: bool) -> None:
+    """Decode every input into ``run``; print the table and chart."""
     import polars as pl
 
-    results = pl.read_parquet(out / "results.parquet")
+    from tracer.live.run import LiveJob, run_live, wer_chart
+
+    t0 = time.perf_counter()
+    try:
+        frame = run_live(lm, LiveJob(items, plan, cfg, **job_args), run,
+                         log=lambda m: console.print(m, markup=False, highlight=False))
+    except ValueError as exc:  # nothing completed
+        console.print(f"[red]error:[/] {escape(str(exc))}")
+        run.finish("failed")
+        return
+    wall = time.perf_counter() - t0
+    results = pl.read_parquet(run.path / "results.parquet", glob=False)
     _print_table(results, f"kvsim live ({lm.name})")
     if plot and "wer" in results.columns:
         from kvsim.plots import save_chart
 
-        for p in save_chart(wer_chart(results), out / "wer_vs_rgpu"):
-            console.print(f"wrote {p}")
-    console.print(f"{frame.height} live runs over {len(items)} inputs in {wall:.1f}s -> {out}/results.parquet")
+        for p in save_chart(wer_chart(results), run.path / "wer_vs_rgpu"):
+            console.print(f"wrote {escape(str(p))}")
+    console.print(f"{frame.height} live runs over {len(items)} inputs in {wall:.1f}s "
+                  f"-> {escape(str(run.path))}/results.parquet")
+    run.finish()
 
 
 def _print_table(frame, title: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Annotated
 
@@ -19,103 +19,168 @@ console = Console(stderr=True, soft_wrap=True)
 
 
 def _replay_one(path: str, specs: list, cfg: object) -> tuple[list, list[str]]:
-    """Replay one trace; errors come back as one-line messages (runs in worker processes)."""
+    """Replay one trace; any error comes back as a one-line message (runs in worker
+    processes), so one bad trace never costs the batch."""
     from kvsim.replay.engine import Replayer
+    from kvsim.rundir import input_error
     from kvsim.trace.reader import Trace
-    from kvsim.trace.schema import TraceError
 
     try:
         rep = Replayer(Trace(path), cfg)
         results = rep.run(specs)
-    except TraceError as exc:
-        return [], [str(exc)]
-    except ValueError as exc:
-        return [], [f"{path}: {exc}"]
+    except Exception as exc:  # isolation: report this trace, keep the others
+        return [], [input_error(path, exc)]
     return results, [f"{path}: {s.label}@{s.budget:g}: {msg}" for s, msg in rep.failures]
 
 
 def replay(
     traces: Annotated[list[Path] | None, typer.Argument(help="Trace directories or folders of *.kvtrace (default: the shipped traces/)")] = None,
     policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy names, comma-separated or repeated; 'all' for every policy; hyperparameters as name:key=value:key=value")] = ["full,streaming,snapkv"],  # noqa: B006
-    budget: Annotated[str, typer.Option("--budget", "-b", help="Target r_GPU values, comma-separated")] = "0.2",
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory")] = Path("runs/replay"),
+    budget: Annotated[str, typer.Option("--budget", "-b", help="Target r_GPU values in (0, 1], comma-separated")] = "0.2",
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (a fresh run replaces the previous run's outputs there)")] = Path("runs/replay"),
     calibration: Annotated[Path | None, typer.Option(help="heads.json calibration file (WnW, AudioKV)")] = None,
     plot: Annotated[bool, typer.Option("--plot", help="Write recall-vs-r_GPU chart (HTML + PNG)")] = False,
     simulate: Annotated[str | None, typer.Option("--simulate", help="GPU preset (a100-80gb, h100-sxm, h200): also predict ms/token, memory and transfer wait of every run with the SimPy model")] = None,
     sim_mode: Annotated[str, typer.Option(help="Simulator recall modes with --simulate, comma-separated (sync, overlap, coalesced, ...)")] = "sync,overlap",
-    topk: Annotated[int, typer.Option(help="K of the top-K Jaccard metric")] = 100,
-    error_stride: Annotated[int, typer.Option(help="Output error sampled every N steps (needs values; 1 = every step)")] = 16,
-    max_steps: Annotated[int | None, typer.Option(help="Replay only the first N decode steps")] = None,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Traces replayed in parallel (processes)")] = 1,
+    topk: Annotated[int, typer.Option(help="K of the top-K Jaccard metric (>= 1)")] = 100,
+    error_stride: Annotated[int, typer.Option(help="Output error sampled every N >= 1 steps (needs values; 1 = every step)")] = 16,
+    max_steps: Annotated[int | None, typer.Option(help="Replay only the first N >= 1 decode steps")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Traces replayed in parallel (processes, >= 1)")] = 1,
     ray: Annotated[str | None, typer.Option("--ray", help="Replay traces as Ray tasks on a cluster: its address ('auto' for the one `ray start` made, 'local' for a local Ray)")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Keep the traces an interrupted run with the same options completed in --out; replay only the rest")] = False,
 ) -> None:
-    """Replay KV-cache policies over traces; write results.parquet, per-step logs and a table."""
+    """Replay KV-cache policies over traces; write results.parquet, per-step logs and a table.
+    Each trace's results are kept as soon as it finishes (``parts/``); a trace that fails is
+    reported in one line and the others go on (exit code 1)."""
+    from kvsim.commands._options import check_positive_ints
     from kvsim.replay.engine import ReplayConfig
-    from kvsim.results import print_table, write_outputs
+    from kvsim.rundir import RunDir
     from kvsim.trace.heads import read_heads
     from kvsim.trace.reader import find_traces
     from kvsim.trace.schema import TraceError
 
     try:
+        check_positive_ints(topk=topk, error_stride=error_stride, max_steps=max_steps, jobs=jobs)
         specs = [s for b in parse_budgets(budget) for s in parse_policies(policy, b)]
+        if simulate:
+            _check_simulate(simulate, sim_mode, resume)
         paths = find_traces(traces or [default_trace_dir()])
+        if not paths:
+            raise ValueError("no *.kvtrace found")
         scores = read_heads(calibration) if calibration else None
+        config = {"policies": [s.label for s in specs], "budgets": [s.budget for s in specs],
+                  "topk": topk, "error_stride": error_stride, "max_steps": max_steps,
+                  "calibration": str(calibration) if calibration else None}
+        run = RunDir.open(out, "replay", [str(p) for p in paths], config, resume=resume)
     except (ValueError, KeyError, FileNotFoundError, TraceError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
-    if not paths:
-        console.print("[red]error:[/] no *.kvtrace found")
-        raise typer.Exit(2)
     cfg = ReplayConfig(topk=topk, error_stride=error_stride, max_steps=max_steps, head_scores=scores)
-    t0 = time.perf_counter()
-    results, errors = [], []
-    if ray:
-        for res, errs in _run_on_ray(ray, paths, specs, cfg):
-            results += res
-            errors += errs
-    elif jobs > 1 and len(paths) > 1:
-        # spawn, not fork: forking a process that runs polars' thread pool can deadlock
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            for res, errs in pool.map(_replay_one, map(str, paths), [specs] * len(paths), [cfg] * len(paths)):
-                results += res
-                errors += errs
-    else:
-        for path in paths:
-            console.print(f"replaying {escape(str(path))} ({len(specs)} policy/budget runs)")
-            res, errs = _replay_one(str(path), specs, cfg)
-            results += res
-            errors += errs
-    for e in errors:
-        console.print(f"[red]error:[/] {escape(e)}")
-    if not results:
-        raise typer.Exit(1)
-    frame = write_outputs(out, results)
-    print_table(frame, Console())
-    if simulate:
-        _simulate(results, out, simulate, sim_mode)
-    if plot:
-        from kvsim.plots import recall_vs_rgpu, save_chart
-
-        for p in save_chart(recall_vs_rgpu(frame), out / "recall_vs_rgpu"):
-            console.print(f"wrote {p}")
-    console.print(f"{len(results)} runs over {len(paths)} traces in {time.perf_counter() - t0:.1f}s -> {out}/results.parquet")
-    if errors:
+    with run:
+        status = _replay_into(run, [p for p in paths if str(p) not in run.completed], specs, cfg,
+                              jobs, ray, (simulate, sim_mode, plot))
+    if status != "complete":
         sys.exit(1)
 
 
-def _run_on_ray(address: str, paths: list[Path], specs: list, cfg: object) -> list[tuple[list, list[str]]]:
-    """One Ray task per trace on an existing cluster (or a local Ray with 'local')."""
+def _outcomes(todo: list[Path], specs: list, cfg: object, jobs: int, ray: str | None):
+    """(path, results, errors) per trace, as each finishes (serial, process pool or Ray)."""
+    if ray:
+        yield from _run_on_ray(ray, todo, specs, cfg)
+    elif jobs > 1 and len(todo) > 1:
+        # spawn, not fork: forking a process that runs polars' thread pool can deadlock
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            futures = {pool.submit(_replay_one, str(p), specs, cfg): p for p in todo}
+            for fut in as_completed(futures):
+                try:
+                    res, errs = fut.result()
+                except Exception as exc:  # a worker died (killed, out of memory)
+                    from kvsim.rundir import input_error
+
+                    res, errs = [], [input_error(futures[fut], exc)]
+                yield futures[fut], res, errs
+    else:
+        for path in todo:
+            console.print(f"replaying {escape(str(path))} ({len(specs)} policy/budget runs)")
+            yield (path, *_replay_one(str(path), specs, cfg))
+
+
+def _replay_into(run, todo: list[Path], specs: list, cfg: object, jobs: int, ray: str | None,
+                 extras: tuple) -> str:
+    """Replay ``todo``, keeping each trace's results as it finishes; then the combined table,
+    the optional simulation and chart, and the closed manifest. Returns the run status."""
+    from kvsim.results import print_table, results_frame, write_step_logs
+
+    t0 = time.perf_counter()
+    results, n_errors = [], 0
+    for path, res, errs in _outcomes(todo, specs, cfg, jobs, ray):
+        for e in errs:
+            console.print(f"[red]error:[/] {escape(e)}")
+        n_errors += len(errs)
+        if res:
+            steps = write_step_logs(run.path, res)
+            run.done(str(path), results_frame(res), steps=steps, errors=errs)
+            results += res
+        else:
+            run.failed(str(path), errs[0] if errs else "no run completed")
+    frame = run.parts()
+    if frame is None:
+        run.finish("failed")
+        return "failed"
+    run.write_combined(frame)
+    print_table(frame, Console())
+    simulate, sim_mode, plot = extras
+    if simulate:
+        _simulate(results, run.path, simulate, sim_mode)
+    if plot:
+        from kvsim.plots import recall_vs_rgpu, save_chart
+
+        for p in save_chart(recall_vs_rgpu(frame), run.path / "recall_vs_rgpu"):
+            console.print(f"wrote {escape(str(p))}")
+    console.print(f"{frame.height} runs over {len(run.completed)} traces in {time.perf_counter() - t0:.1f}s "
+                  f"-> {escape(str(run.path))}/results.parquet")
+    status = run.finish("failed" if n_errors else None)
+    return status
+
+
+def _run_on_ray(address: str, paths: list[Path], specs: list, cfg: object):
+    """One Ray task per trace on an existing cluster (or a local Ray with 'local'); yields
+    (path, results, errors) as each task finishes."""
     try:
         import ray
     except ImportError:
         console.print("[red]error:[/] --ray needs Ray: pip install 'kvsim[ray]'")
         raise typer.Exit(2) from None
+    from kvsim.rundir import input_error
+
     if not ray.is_initialized():
         ray.init(address=None if address == "local" else address, include_dashboard=False,
                  log_to_driver=False)
     task = ray.remote(_replay_one)
-    return ray.get([task.remote(str(p), specs, cfg) for p in paths])
+    pending = {task.remote(str(p), specs, cfg): p for p in paths}
+    while pending:
+        [ref], _ = ray.wait(list(pending), num_returns=1)
+        path = pending.pop(ref)
+        try:
+            res, errs = ray.get(ref)
+        except Exception as exc:  # the task's worker died
+            res, errs = [], [input_error(path, exc)]
+        yield path, res, errs
+
+
+def _check_simulate(gpu: str, modes: str, resume: bool) -> None:
+    """Reject a bad ``--simulate`` / ``--sim-mode`` before any work (ValueError, one line)."""
+    from kvsim.sim import SimMode, gpu_preset
+
+    if resume:
+        raise ValueError("--resume cannot be combined with --simulate: run `kvsim simulate OUT` afterwards")
+    try:
+        gpu_preset(gpu)
+        for m in (m.strip() for m in modes.split(",") if m.strip()):
+            SimMode.parse(m)
+    except KeyError as exc:
+        raise ValueError(f"--simulate: {exc}") from None
 
 
 def _simulate(results: list, out: Path, gpu: str, modes: str) -> None:
@@ -127,7 +192,7 @@ def _simulate(results: list, out: Path, gpu: str, modes: str) -> None:
     try:
         sim = simulate_runs(results, gpu=gpu, modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
     except (KeyError, ValueError) as exc:  # unknown preset or mode: one line, results kept
-        console.print(f"[red]error:[/] --simulate: {exc}")
+        console.print(f"[red]error:[/] --simulate: {escape(str(exc))}")
         raise typer.Exit(2) from None
     with atomic_file(out / "sim_results.parquet") as tmp:
         sim.write_parquet(tmp)

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console(stderr=True, soft_wrap=True)
@@ -23,12 +24,22 @@ def _split(values: list[str]) -> list[str]:
 
 
 def _step_logs(path: Path) -> list[tuple[str, Path, Path]]:
-    """(name, parquet, json) for every step log under a replay output directory."""
+    """(name, parquet, json) for every step log under a replay output directory; when it
+    holds a run manifest (``run.json``), only the step logs of that run."""
+    from kvsim.rundir import MANIFEST, run_step_logs
+
     if path.is_file():
         files = [path]
     else:
-        d = path / "steps" if (path / "steps").is_dir() else path
-        files = sorted(d.glob("*.parquet"))
+        listed = run_step_logs(path)
+        if listed is not None:
+            files = [path / name for name in listed]
+            missing = [f for f in files if not f.is_file()]
+            if missing:
+                raise FileNotFoundError(f"{missing[0]}: step log listed in {path / MANIFEST} is missing")
+        else:
+            d = path / "steps" if (path / "steps").is_dir() else path
+            files = sorted(d.glob("*.parquet"))
     out = []
     for pq in files:
         js = pq.with_suffix(".json")
@@ -75,7 +86,7 @@ def _print(rows: list[dict], title: str) -> None:
     for c in cols:
         t.add_column(heads.get(c, c), justify="left" if c in ("name", "gpu", "mode") else "right")
     for r in rows:
-        t.add_row(*[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols])
+        t.add_row(*[f"{r[c]:.3f}" if isinstance(r[c], float) else escape(str(r[c])) for c in cols])
     Console(width=max(Console().width, 200)).print(t)
 
 
@@ -117,6 +128,9 @@ def simulate(
     )
 
     try:
+        _check_options(batch=batch, retention=retention, tidal_heads=tidal_heads,
+                       anchor_heads=anchor_heads, audio_minutes=audio_minutes, churn=churn,
+                       decode_steps=decode_steps, capacity_gib=capacity_gib)
         if table:
             from kvsim.sim import tables
 
@@ -135,7 +149,7 @@ def simulate(
 
                     chart = tables.memory_chart(frame, f"GPU KV cache over decode steps ({model or 'voxtral-mini-3b'}, {audio_minutes:g} min audio)")
                     for p in save_chart(chart, out / "memory_over_steps"):
-                        console.print(f"wrote {p}")
+                        console.print(f"wrote {escape(str(p))}")
                 frame = frame.group_by("policy", "r_gpu").agg(
                     pl.col("gib").first().alias("gib_first_step"), pl.col("gib").max().alias("gib_peak"),
                     pl.col("gib").last().alias("gib_last_step")).sort("policy", "r_gpu")
@@ -159,7 +173,7 @@ def simulate(
                     mp = model_preset(model or facts.model)
                 except PresetError as exc:
                     raise PresetError(f"{js}: {exc} (or pass --model)") from None
-                jobs.append((name, from_step_log(pl.read_parquet(pq), facts), mp))
+                jobs.append((name, from_step_log(pl.read_parquet(pq, glob=False), facts), mp))
         elif policy:
             if not model:
                 raise ValueError("analytic mode needs --model (e.g. voxtral-mini-3b)")
@@ -187,7 +201,7 @@ def simulate(
                     frames.append((f"{name}__{res.gpu}__{m}", res.per_step))
     except (PresetError, WorkloadError, ModeError, AnalyticError, ValueError,
             FileNotFoundError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if markdown:
         keep = ["name", "gpu", "mode", "batch", "ms_per_token_median", "ms_per_token_mean",
@@ -202,7 +216,22 @@ def simulate(
         (out / "sim_steps").mkdir(exist_ok=True)
         for name, frame in frames:
             frame.write_parquet(out / "sim_steps" / f"{name}.parquet")
-        console.print(f"wrote {out}/sim_results.parquet and {len(frames)} per-step logs")
+        console.print(f"wrote {escape(str(out))}/sim_results.parquet and {len(frames)} per-step logs")
+
+
+def _check_options(batch: int, retention: float, tidal_heads: int, anchor_heads: int,
+                   audio_minutes: float, churn: float, decode_steps: int | None,
+                   capacity_gib: float | None) -> None:
+    """Range of every numeric option (OptionError, a ValueError, names the option)."""
+    from kvsim.commands._options import check_positive_ints, check_range
+
+    check_positive_ints(batch=batch, decode_steps=decode_steps)
+    check_range("--retention", retention, 0, 1, low_open=True)
+    check_range("--tidal-heads", tidal_heads, 0)
+    check_range("--anchor-heads", anchor_heads, 0)
+    check_range("--audio-minutes", audio_minutes, 0, low_open=True)
+    check_range("--churn", churn, 0)
+    check_range("--capacity-gib", capacity_gib, 0, low_open=True)
 
 
 def register(app: typer.Typer) -> None:

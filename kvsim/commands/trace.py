@@ -42,7 +42,8 @@ def register(app: typer.Typer) -> None:
                                      "ISO 639-1."),
         prompt: str | None = typer.Option(None, "--prompt", help="Instruction replacing the "
                                                                  "task's default text."),
-        max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1),
+        max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Stop after this many "
+                                                                           "tokens (>= 1)."),
         device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
         dtype: str = typer.Option("float32", "--dtype", help="Weights dtype: float32, bfloat16, "
                                                              "float16."),
@@ -66,13 +67,22 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Trace INPUTS with a real backbone: one *.kvtrace per input."""
         from rich.console import Console
+        from rich.markup import escape
 
+        from kvsim.commands._options import check_positive_ints
+        from kvsim.rundir import OutDirError, RunDir, check_out_dir
         from tracer.backbones import BackboneError, LoadOptions, PromptSpec, resolve_model
         from tracer.backbones.base import TASKS
-        from tracer.batch import ALIGNERS, BatchConfig, run_batch, summary_table
+        from tracer.batch import ALIGNERS, BatchConfig
         from tracer.run import TraceOptions
 
-        console = Console(stderr=True)
+        console = Console(stderr=True, soft_wrap=True)
+        try:
+            check_positive_ints(max_new_tokens=max_new_tokens)
+            check_out_dir(out)
+        except ValueError as exc:
+            console.print(f"[red]error:[/] {escape(str(exc))}")
+            raise typer.Exit(2) from None
         if task not in TASKS:
             raise typer.BadParameter(f"must be one of {', '.join(TASKS)}", param_hint="--task")
         if aligner not in ALIGNERS:
@@ -90,7 +100,7 @@ def register(app: typer.Typer) -> None:
             try:
                 scores = read_heads(heads)
             except TraceError as exc:
-                console.print(f"[red]error:[/] {exc}")
+                console.print(f"[red]error:[/] {escape(str(exc))}")
                 raise typer.Exit(2) from None
         if reference is not None and not reference.exists():
             raise typer.BadParameter(f"{reference}: not found", param_hint="--reference")
@@ -100,12 +110,20 @@ def register(app: typer.Typer) -> None:
             resolve_model(model)
             check_device_dtype(device, dtype)
         except (BackboneError, ValueError) as exc:
-            console.print(f"[red]error:[/] {exc}")
+            console.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(2) from None
         files = expand_inputs(inputs)
         if not files:
             console.print("[red]error:[/] no audio inputs found")
             raise typer.Exit(2)
+        config = {"model": model, "task": task, "language": language, "prompt": prompt,
+                  "max_new_tokens": max_new_tokens, "store_dtype": store_dtype, "values": values,
+                  "aligner": aligner, "dtype": dtype}
+        try:
+            run = RunDir.open(out, "trace", [str(f) for f in files], config)
+        except OutDirError as exc:
+            console.print(f"[red]error:[/] {escape(str(exc))}")
+            raise typer.Exit(2) from None
         cfg = BatchConfig(
             model=model, out_dir=out,
             options=TraceOptions(max_new_tokens=max_new_tokens, store_values=values,
@@ -114,23 +132,37 @@ def register(app: typer.Typer) -> None:
             load=LoadOptions(device=device, dtype=dtype), reference=reference,
             aligner=aligner, overwrite=overwrite,
         )
-        t0 = time.perf_counter()
-        try:
-            results = run_batch(files, cfg, console)
-            if calibrate:
-                from tracer.calibrate import CalibrationConfig, calibrate_into_traces
+        with run:
+            _trace_all(files, cfg, run, console, calibrate, scores)
 
-                calibrate_into_traces(results, cfg, CalibrationConfig(), console)
-            elif scores is not None:
-                from tracer.calibrate import store_head_scores
 
-                store_head_scores(results, scores, console)
-        except BackboneError as exc:
-            console.print(f"[red]error:[/] {exc}")
-            raise typer.Exit(2) from None
-        except ValueError as exc:
-            console.print(f"[red]error:[/] {str(exc).splitlines()[0]}")
-            raise typer.Exit(2) from None
-        console.print(summary_table(results, time.perf_counter() - t0))
-        if any(r.status == "failed" for r in results):
-            raise typer.Exit(1)
+def _trace_all(files: list[Path], cfg, run, console, calibrate: bool, scores) -> None:
+    """Trace every input into ``run`` (calibrating or storing head scores after); print the
+    summary; exit 1 when an input failed, 2 when the whole run did."""
+    from rich.markup import escape
+
+    from tracer.backbones import BackboneError
+    from tracer.batch import run_batch, summary_table
+
+    t0 = time.perf_counter()
+    try:
+        results = run_batch(files, cfg, console, run)
+        if calibrate:
+            from tracer.calibrate import CalibrationConfig, calibrate_into_traces
+
+            calibrate_into_traces(results, cfg, CalibrationConfig(), console)
+        elif scores is not None:
+            from tracer.calibrate import store_head_scores
+
+            store_head_scores(results, scores, console)
+    except BackboneError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}")
+        run.finish("failed")
+        raise typer.Exit(2) from None
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc).splitlines()[0])}")
+        run.finish("failed")
+        raise typer.Exit(2) from None
+    console.print(summary_table(results, time.perf_counter() - t0))
+    if run.finish() != "complete":
+        raise typer.Exit(1)

@@ -74,22 +74,22 @@ class LiveInput:
 
 
 def load_audio(path: Path) -> np.ndarray:
-    """Read an audio file as 16 kHz mono float32."""
-    import soundfile as sf
+    """Read an audio file as 16 kHz mono float32, rejecting what ``kvsim trace`` rejects
+    (unreadable, empty, NaN/inf samples, silence): :func:`tracer.audio.load_audio`.
+
+    Raises
+    ------
+    DataError
+        ``<path>: <reason>``, one line.
+    """
+    from tracer.audio import AudioError
+    from tracer.audio import load_audio as read_checked
 
     try:
-        data, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    except Exception as exc:  # soundfile raises several types
-        raise DataError(f"{path}: cannot read audio ({exc})") from None
-    audio = data.mean(axis=1)
-    if rate != SAMPLE_RATE:
-        from math import gcd
-
-        from scipy.signal import resample_poly
-
-        g = gcd(int(rate), SAMPLE_RATE)
-        audio = resample_poly(audio, SAMPLE_RATE // g, int(rate) // g).astype(np.float32)
-    return np.ascontiguousarray(audio, dtype=np.float32)
+        clip = read_checked(path, SAMPLE_RATE)
+    except AudioError as exc:
+        raise DataError(f"{path}: {exc}") from None
+    return np.ascontiguousarray(clip.samples, dtype=np.float32)
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -201,7 +201,7 @@ def from_manifest(path: Path, split: str | None = None) -> list[LiveInput]:
         path = path / "manifest.parquet"
     if not path.exists():
         raise DataError(f"{path}: manifest not found")
-    df = pl.read_parquet(path)
+    df = pl.read_parquet(path, glob=False)
     for col in ("audio_path", "text"):
         if col not in df.columns:
             raise DataError(f"{path}: manifest has no column {col!r}")

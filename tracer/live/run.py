@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -18,6 +18,9 @@ from tracer.live.data import LiveInput
 from tracer.live.decode import LiveConfig, LiveRun, live_generate, prefill_once
 from tracer.live.metrics import WerConfig, bleu, truncated_wer
 from tracer.live.models import LiveModel
+
+if TYPE_CHECKING:
+    from kvsim.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -84,70 +87,103 @@ def score_row(run: LiveRun, item: LiveInput, reference: str | None, tokenizer: A
     return row
 
 
-def run_live(lm: LiveModel, job: LiveJob, out: Path | None = None,
+def run_live(lm: LiveModel, job: LiveJob, out: RunDir | Path | None = None,
              log: Callable[[str], None] = print) -> pl.DataFrame:
-    """Decode every combination; returns the per-run table (and writes it under ``out``)."""
+    """Decode every combination; returns the per-run table of every completed input.
+
+    With ``out`` (a :class:`~kvsim.rundir.RunDir`, or a folder opened as a fresh one), each
+    input's rows become a part file and its step logs land in ``steps/`` as soon as it
+    finishes, so a crash loses at most the input in flight; ``runs.parquet`` and the
+    aggregated ``results.parquet`` are written once at the end. An input that cannot be read
+    or decoded is logged in one line (``path: message``) and recorded as failed; the others
+    go on.
+    """
+    from kvsim.rundir import RunDir, input_error
+
+    if isinstance(out, Path):
+        run = RunDir.open(out, "live", [i.id for i in job.inputs], {})
+        with run:
+            return run_live(lm, job, run, log)
     rows: list[dict[str, Any]] = []
-    failed: set[tuple[str, float]] = set()
-    steps_dir = None
+    skip: set[tuple[str, str, float]] = set()  # policies that cannot run (missing calibration)
+    for item in job.inputs:
+        if out is not None and item.id in out.completed:
+            continue  # resumed: kept from the interrupted run
+        try:
+            item_rows, logs = _decode_input(lm, job, item, skip, log)
+        except Exception as exc:  # isolation: report this input, keep the others
+            msg = input_error(item.audio_path, exc)
+            log(f"error: {msg}")
+            if out is not None:
+                out.failed(item.id, msg)
+            continue
+        rows += item_rows
+        if out is not None:
+            steps = [_write_step_log(out.path, name, r) for name, r in logs]
+            out.done(item.id, pl.DataFrame(item_rows) if item_rows else None, steps=steps)
+    frame = out.parts() if out is not None else (pl.DataFrame(rows) if rows else None)
+    if frame is None:
+        raise ValueError("no live run completed")
     if out is not None:
-        steps_dir = out / "steps"
-        steps_dir.mkdir(parents=True, exist_ok=True)
+        out.write_combined(frame, "runs.parquet")
+        out.write_combined(aggregate(frame, job.wer.averaging), "results.parquet")
+    return frame
+
+
+def _decode_input(lm: LiveModel, job: LiveJob, item: LiveInput, skip: set,
+                  log: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[tuple[str, LiveRun]]]:
+    """Every (transform, policy, budget) of the plan on one input: its rows and step logs."""
     from tracer.transforms import parse_transforms
 
     order = list(dict.fromkeys(p.transform for p in job.plan))
     fns = {t: parse_transforms(t)[t] for t in order}
-    for item in job.inputs:
-        audio, ref = item.load(job.max_seconds)
-        base = lm.prepare(audio, job.instruction, task=item.task, language=job.language)
-        for tname in order:
-            t0 = time.perf_counter()
-            prompt = base if fns[tname] is None else fns[tname](lm, base, audio)
-            t_transform = time.perf_counter() - t0
-            # a shared prefill cache would sit on the accelerator and inflate physical-path memory
-            share = job.share_prefill and not (job.cfg.physical and lm.device.type == "cuda")
-            shared = prefill_once(lm, prompt, job.cfg.observation_window) if share else None
-            for spec in [p.spec for p in job.plan if p.transform == tname]:
-                key = (tname, spec.label, spec.budget)
-                if key in failed:
-                    continue
-                t1 = time.perf_counter()
-                try:
-                    run = live_generate(lm, prompt, spec, job.cfg, prefilled=shared)
-                except MissingCalibrationError as exc:
-                    # a policy that cannot run is reported once; the others go on (as replay)
-                    failed.add(key)
-                    log(f"skipping {spec.label}@{spec.budget:g}: {exc}")
-                    continue
-                row = score_row(run, item, ref, lm.tokenizer, job.wer)
-                row.update(transform=tname, transform_s=t_transform, wall_s=time.perf_counter() - t1,
-                           model=lm.name, duration_s=prompt.duration_s)
-                rows.append(row)
-                wer = row.get("wer", row.get("bleu"))
-                log(f"{item.id} {tname} {spec.label}@{spec.budget:g}: r_GPU {row['r_gpu']:.3f} "
-                    f"r_GPU+CPU {row['r_gpu_cpu']:.3f} {'WER' if 'wer' in row else 'score'} "
-                    f"{'-' if wer is None else f'{wer:.3f}'} term {run.terminated} "
-                    f"{row['ms_per_token']:.1f} ms/tok")
-                if steps_dir is not None:
-                    name = f"{item.id}__{tname}__{spec.label}__{spec.budget:g}".replace("/", "_")
-                    with atomic_file(steps_dir / f"{name}.parquet") as tmp:
-                        run.step_log.write_parquet(tmp)
-                    atomic_write_text(steps_dir / f"{name}.json", json.dumps(run.facts.to_json(), indent=1))
-        if out is not None and rows:  # partial results survive an interrupted long run
-            _write(out, pl.DataFrame(rows), job.wer.averaging)
-    if not rows:
-        raise ValueError("no live run completed")
-    frame = pl.DataFrame(rows)
-    if out is not None:
-        _write(out, frame, job.wer.averaging)
-    return frame
+    audio, ref = item.load(job.max_seconds)
+    base = lm.prepare(audio, job.instruction, task=item.task, language=job.language)
+    rows, logs = [], []
+    for tname in order:
+        t0 = time.perf_counter()
+        prompt = base if fns[tname] is None else fns[tname](lm, base, audio)
+        t_transform = time.perf_counter() - t0
+        # a shared prefill cache would sit on the accelerator and inflate physical-path memory
+        share = job.share_prefill and not (job.cfg.physical and lm.device.type == "cuda")
+        shared = prefill_once(lm, prompt, job.cfg.observation_window) if share else None
+        for spec in [p.spec for p in job.plan if p.transform == tname]:
+            key = (tname, spec.label, spec.budget)
+            if key in skip:
+                continue
+            t1 = time.perf_counter()
+            try:
+                run = live_generate(lm, prompt, spec, job.cfg, prefilled=shared)
+            except MissingCalibrationError as exc:
+                # a policy that cannot run is reported once; the others go on (as replay)
+                skip.add(key)
+                log(f"skipping {spec.label}@{spec.budget:g}: {exc}")
+                continue
+            row = score_row(run, item, ref, lm.tokenizer, job.wer)
+            row.update(transform=tname, transform_s=t_transform, wall_s=time.perf_counter() - t1,
+                       model=lm.name, duration_s=prompt.duration_s)
+            rows.append(row)
+            _log_row(log, item, tname, spec, row, run)
+            logs.append((f"{item.id}__{tname}__{spec.label}__{spec.budget:g}".replace("/", "_"), run))
+    return rows, logs
 
 
-def _write(out: Path, frame: pl.DataFrame, averaging: str = "corpus") -> None:
-    with atomic_file(out / "runs.parquet") as tmp:
-        frame.write_parquet(tmp)
-    with atomic_file(out / "results.parquet") as tmp:
-        aggregate(frame, averaging).write_parquet(tmp)
+def _log_row(log: Callable[[str], None], item: LiveInput, tname: str, spec: PolicySpec,
+             row: dict[str, Any], run: LiveRun) -> None:
+    wer = row.get("wer", row.get("bleu"))
+    log(f"{item.id} {tname} {spec.label}@{spec.budget:g}: r_GPU {row['r_gpu']:.3f} "
+        f"r_GPU+CPU {row['r_gpu_cpu']:.3f} {'WER' if 'wer' in row else 'score'} "
+        f"{'-' if wer is None else f'{wer:.3f}'} term {run.terminated} "
+        f"{row['ms_per_token']:.1f} ms/tok")
+
+
+def _write_step_log(out: Path, name: str, run: LiveRun) -> str:
+    """``steps/<name>.parquet`` + its RunFacts JSON, atomically; returns the relative name."""
+    steps_dir = out / "steps"
+    with atomic_file(steps_dir / f"{name}.parquet") as tmp:
+        run.step_log.write_parquet(tmp)
+    atomic_write_text(steps_dir / f"{name}.json", json.dumps(run.facts.to_json(), indent=1))
+    return f"steps/{name}.parquet"
 
 
 def aggregate(frame: pl.DataFrame, averaging: str = "corpus") -> pl.DataFrame:
