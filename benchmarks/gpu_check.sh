@@ -31,9 +31,9 @@ print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
 import transformers; print("transformers", transformers.__version__)
 from tests.fixtures.checkpoints import tiny_checkpoint, write_tone
-from tracer.audio import load_audio
-from tracer.backbones import LoadOptions, PromptSpec, load_backbone
-from tracer.run import TraceOptions, build_trace, generate_traced, greedy_kwargs
+from kvsim.tracer.audio import load_audio
+from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone
+from kvsim.tracer.run import TraceOptions, build_trace, generate_traced, greedy_kwargs
 from kvsim.trace import write_trace
 from kvsim.trace.validate import validate_trace
 
@@ -86,7 +86,7 @@ for kind in kinds:
               f"max |attention(trace) - eager| = {worst:.2e}; {verdict} ({time.time() - t0:.1f} s)")
 # Qwen-Omni: the real Qwen2_5OmniProcessor (torchvision is on the GPU image) against the
 # audio-only fallback used where torchvision is missing, on 35 s (no 30 s truncation).
-from tracer.backbones.qwen_omni import OmniAudioProcessor
+from kvsim.tracer.backbones.qwen_omni import OmniAudioProcessor
 ck = str(tiny_checkpoint("qwen-omni", tmp))
 bb = load_backbone(ck, LoadOptions(device=DEVICE))
 clip35 = load_audio(write_tone(tmp / "long.wav", 35.0), bb.sample_rate)

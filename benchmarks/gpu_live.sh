@@ -30,16 +30,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 if [ "${SMALL:-0}" = 1 ]; then SECS="20"; STEPS=8; DT=float32; else SECS="120 600"; STEPS=128; DT=bfloat16; fi
 T0=$(date +%s)
 for s in $SECS; do
-  timeout 200 python3 -m tracer.live.bench --device "$DEVICE" --dtype "$DT" --seconds "$s" \
+  timeout 200 python3 -m kvsim.live.bench --device "$DEVICE" --dtype "$DT" --seconds "$s" \
     --policies full,wnw --budget 0.2 --paths mask,physical --steps "$STEPS" \
     | tee -a "$OUTDIR/gpu_live.jsonl"
 done
 timeout 120 python3 - <<PY 2>&1 | tee "$OUTDIR/gpu_live_exactness.log"
 import numpy as np, torch
-from kvsim.replay.engine import PolicySpec
-from policies.base import HeadScores
-from tracer.live.decode import LiveConfig, live_generate, plain_generate
-from tracer.live.models import TinyBackbone, TinyConfig
+from kvsim.policies.spec import PolicySpec
+from kvsim.policies.base import HeadScores
+from kvsim.live.decode import LiveConfig, live_generate, plain_generate
+from kvsim.live.models import TinyBackbone, TinyConfig
 torch.set_num_threads(1)
 lm = TinyBackbone(TinyConfig(n_layers=4, n_q_heads=8, n_kv_heads=4, head_dim=32), device="$DEVICE")
 rng = np.random.default_rng(0)

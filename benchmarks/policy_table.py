@@ -17,6 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import polars as pl  # noqa: E402
+from kvsim.policies import registry  # noqa: E402
 
 from kvsim.plots import recall_vs_rgpu, save_chart  # noqa: E402
 from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace  # noqa: E402
@@ -24,7 +25,6 @@ from kvsim.results import markdown_table  # noqa: E402
 from kvsim.specs import default_trace_dir  # noqa: E402
 from kvsim.trace import Trace, find_traces  # noqa: E402
 from kvsim.trace.atomic import atomic_write_text  # noqa: E402
-from policies import registry  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BUDGETS = (0.2, 0.4, 0.6, 0.8)

@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
-from kvsim.replay.attention import as_f32, gqa_logits, softmax_  # noqa: E402
+from kvsim.core.attention import as_f32, gqa_logits, softmax_  # noqa: E402
 from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace  # noqa: E402
 from kvsim.synth import SynthConfig, synthesize  # noqa: E402
 from kvsim.trace import Trace, write_trace  # noqa: E402

@@ -27,12 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def child(audio: str, model: str, new_tokens: int, buffered: bool) -> None:
+    import kvsim.tracer.run as run
     import torch
-
-    import tracer.run as run
-    from tracer.audio import load_audio
-    from tracer.backbones import LoadOptions, PromptSpec, load_backbone
-    from tracer.capture import Recorder
+    from kvsim.tracer.audio import load_audio
+    from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone
+    from kvsim.tracer.capture import Recorder
 
     torch.set_num_threads(1)
     if not buffered:  # the same recorder with one tensor per decode step

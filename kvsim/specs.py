@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from kvsim.replay.engine import PolicySpec
-from policies import registry
+from kvsim.policies import registry
+from kvsim.policies.spec import PolicySpec
 
 
 def _value(text: str):

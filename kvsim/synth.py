@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from kvsim.core.shapes import HeadScores
 from kvsim.shapes import get_shape
 from kvsim.trace.schema import OBSERVATION_WINDOW, ModelFacts, TraceMeta, observation_window
 from kvsim.trace.writer import TraceData, default_provenance, positions_frame
-from policies.base import HeadScores
 
 ROLES = ("frontier", "diffuse", "sink")
 

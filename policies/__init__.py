@@ -4,7 +4,7 @@ This package must not import ``kvsim`` or ``tracer``: the same policy object is 
 replay engine and by live decoding.
 """
 
-from policies.base import (
+from kvsim.policies.base import (
     HeadLayout,
     HeadScores,
     MissingCalibrationError,
@@ -15,7 +15,7 @@ from policies.base import (
     StepView,
     Tier,
 )
-from policies.registry import available, get, make, register
+from kvsim.policies.registry import available, get, make, register
 
 __all__ = [
     "HeadLayout",

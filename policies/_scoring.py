@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+from kvsim.policies.base import PolicyContext, PrefillView, descending_ranks, kv_group_sum, shared
 from scipy.ndimage import maximum_filter1d, uniform_filter1d
-
-from policies.base import PolicyContext, PrefillView, descending_ranks, kv_group_sum, shared
 
 
 def window_scores(

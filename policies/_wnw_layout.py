@@ -1,6 +1,6 @@
 """WnW building blocks: segment/chunk geometry, head triage, eq. (1) retention and its λ solve.
 
-Kept apart from :mod:`policies.wnw` so each piece can be unit-tested on hand-made inputs.
+Kept apart from :mod:`kvsim.policies.wnw` so each piece can be unit-tested on hand-made inputs.
 """
 
 from __future__ import annotations

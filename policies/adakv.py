@@ -24,10 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from policies._allocation import allocate
-from policies._scoring import pooled_window_scores, uniform_head_budget
-from policies.base import (
+from kvsim.policies._allocation import allocate
+from kvsim.policies._scoring import pooled_window_scores, uniform_head_budget
+from kvsim.policies.base import (
     Policy,
     PolicyContext,
     PrefillView,
@@ -37,7 +36,7 @@ from policies.base import (
     topk_from_ranks,
     topk_mask,
 )
-from policies.registry import register
+from kvsim.policies.registry import register
 
 
 def adaptive_head_budgets(scores: np.ndarray, per_head: int, floor_alpha: float,

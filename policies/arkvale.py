@@ -40,8 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from policies._pages import (
+from kvsim.policies._pages import (
     LayerPageBoxes,
     PageBoxes,
     bounding_box_digest,
@@ -53,7 +52,7 @@ from policies._pages import (
     reduce_group,
     top_pages,
 )
-from policies.base import (
+from kvsim.policies.base import (
     Policy,
     PolicyContext,
     PrefillView,
@@ -63,7 +62,7 @@ from policies.base import (
     shared,
     topk_mask,
 )
-from policies.registry import register
+from kvsim.policies.registry import register
 
 #: tier of a page by residency: index False -> CPU (the mirror), True -> GPU
 _TIER_OF_RESIDENT = np.array([Tier.CPU, Tier.GPU], dtype=np.uint8)

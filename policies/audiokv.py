@@ -23,10 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from policies._allocation import allocate, fft_lowpass
-from policies._scoring import window_scores
-from policies.base import (
+from kvsim.policies._allocation import allocate, fft_lowpass
+from kvsim.policies._scoring import window_scores
+from kvsim.policies.base import (
     Policy,
     PolicyContext,
     PrefillView,
@@ -35,7 +34,7 @@ from policies.base import (
     shared,
     topk_from_ranks,
 )
-from policies.registry import register
+from kvsim.policies.registry import register
 
 
 def voice_guided_budgets(

@@ -5,7 +5,7 @@ constraint"): every non-audio position (system prompt, text prompt, generated to
 GPU. For every (layer, KV-head) each audio position is in exactly one :class:`Tier`.
 
 The same policy object is driven by the replay engine (``kvsim.replay``) and by live decoding
-(``tracer.live``); it must not know which. It therefore sees the world only through the small
+(``kvsim.live``); it must not know which. It therefore sees the world only through the small
 views defined here:
 
 * :class:`PolicyContext` -- shapes, audio layout, budget, optional per-head calibration scores;
@@ -24,81 +24,35 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from enum import IntEnum
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar
 
 import numpy as np
 
+# the protocol's shared types live in the core (one definition); re-exported here so that a
+# policy needs one import
+from kvsim.core.shapes import HeadLayout, HeadScores
+from kvsim.core.tiers import TIER_DTYPE, Tier
+from kvsim.core.views import (
+    ArrayQueryView,
+    ArrayStepQueryView,
+    BufferStepView,
+    PrefillView,
+    QueryView,
+    StepQueryView,
+    StepView,
+    all_audio_attention,
+    shared,
+)
 
-class Tier(IntEnum):
-    """Where one audio KV position of one (layer, KV-head) lives."""
-
-    GONE = 0  #: discarded; absorbing
-    CPU = 1  #: a recallable copy on host memory only
-    GPU = 2  #: resident on the accelerator (it may also have a host copy)
-
-
-TIER_DTYPE = np.uint8
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class HeadLayout:
-    """Attention shape of the decoder (GQA: q-head ``h`` reads KV-head ``h // group``)."""
-
-    n_layers: int
-    n_q_heads: int
-    n_kv_heads: int
-    head_dim: int
-
-    def __post_init__(self) -> None:
-        if min(self.n_layers, self.n_q_heads, self.n_kv_heads, self.head_dim) <= 0:
-            raise ValueError(f"head layout must be positive, got {self}")
-        if self.n_q_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_q_heads={self.n_q_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
-            )
-
-    @property
-    def group(self) -> int:
-        """GQA group size g = H_q / H_kv."""
-        return self.n_q_heads // self.n_kv_heads
-
-    @property
-    def n_heads_total(self) -> int:
-        """Number of (layer, KV-head) pairs, L x H_kv."""
-        return self.n_layers * self.n_kv_heads
+__all__ = [
+    "TIER_DTYPE", "ArrayQueryView", "ArrayStepQueryView", "BufferStepView", "HeadLayout",
+    "HeadScores", "MissingCalibrationError", "Policy", "PolicyContext", "PrefillView",
+    "QueryView", "StepQueryView", "StepView", "Tier", "all_audio_attention", "descending_ranks",
+    "full_tiers", "kv_group_sum", "shared", "topk_from_ranks", "topk_mask",
+]
 
 
-@dataclass(frozen=True)
-class HeadScores:
-    """Per-KV-head calibration scores (WnW §2.2, Appendix E), each of shape (L, H_kv).
-
-    ``voice_score`` is the hit ratio VS, ``sensitivity`` the gradient norm HS.
-    """
-
-    voice_score: np.ndarray
-    sensitivity: np.ndarray
-    source: str = "unknown"
-
-    def __post_init__(self) -> None:
-        vs = np.asarray(self.voice_score, dtype=np.float64)
-        hs = np.asarray(self.sensitivity, dtype=np.float64)
-        if vs.shape != hs.shape or vs.ndim != 2:
-            raise ValueError(f"voice_score {vs.shape} and sensitivity {hs.shape} must be (L, H_kv)")
-        if not (np.isfinite(vs).all() and np.isfinite(hs).all()):
-            raise ValueError("head scores contain NaN or inf")
-        if (vs < 0).any() or (hs < 0).any():
-            raise ValueError("head scores must be non-negative")
-        object.__setattr__(self, "voice_score", vs)
-        object.__setattr__(self, "sensitivity", hs)
-
-    @property
-    def importance(self) -> np.ndarray:
-        """VS x HS, the modality-aware importance that drives WnW's triage (§2.2)."""
-        return self.voice_score * self.sensitivity
 
 
 @dataclass(frozen=True)
@@ -141,151 +95,6 @@ class PolicyContext:
 
 class MissingCalibrationError(RuntimeError):
     """A policy that needs head scores was run without them."""
-
-
-class PrefillView(Protocol):
-    """What a policy sees at prefill."""
-
-    @property
-    def n_window(self) -> int:
-        """Number of observation-window queries (prompt positions after the audio)."""
-        ...
-
-    def audio_attention(self, layer: int) -> np.ndarray:
-        """Full-model softmax of the observation-window queries, audio columns only.
-
-        Shape (H_q, W, T_a), float32. Rows do not sum to one (non-audio columns are omitted).
-        """
-        ...
-
-    def audio_keys(self, layer: int) -> np.ndarray:
-        """Post-RoPE audio keys, shape (H_kv, T_a, D), float32."""
-        ...
-
-
-class StepView(Protocol):
-    """What a policy sees after decode step ``step`` has been computed for every layer."""
-
-    @property
-    def step(self) -> int: ...
-
-    def audio_attention(self, layer: int) -> np.ndarray:
-        """Attention the compressed model computed over the audio at this step.
-
-        Shape (H_q, T_a), float32; renormalised over the positions the model could see
-        (all non-audio plus the resident audio of each head); zero where not resident.
-        """
-        ...
-
-
-class QueryView(Protocol):
-    """Input of the per-layer, query-aware :meth:`Policy.select` hook."""
-
-    @property
-    def step(self) -> int: ...
-
-    @property
-    def layer(self) -> int: ...
-
-    def query(self) -> np.ndarray:
-        """Post-RoPE query of the current token at this layer, shape (H_q, D), float32."""
-        ...
-
-    def audio_keys(self) -> np.ndarray:
-        """Post-RoPE audio keys at this layer, shape (H_kv, T_a, D), float32."""
-        ...
-
-
-class StepQueryView(Protocol):
-    """Input of the optional :meth:`Policy.select_layers` fast path: the queries of *every*
-    layer at one decode step. Only an open-loop driver (replay of recorded queries) knows them
-    before attention runs; live decoding calls :meth:`Policy.select` layer by layer."""
-
-    @property
-    def step(self) -> int: ...
-
-    def queries(self) -> np.ndarray:
-        """Post-RoPE queries of the current token at every layer, shape (L, H_q, D), float32."""
-        ...
-
-    def audio_keys(self, layer: int) -> np.ndarray:
-        """Post-RoPE audio keys of ``layer``, shape (H_kv, T_a, D), float32."""
-        ...
-
-
-@dataclass
-class BufferStepView:
-    """A :class:`StepView` over a (L, H_q, T_a) buffer that the driver (replay engine or live
-    decoding) fills with the compressed attention of every layer."""
-
-    step: int
-    buffer: np.ndarray | None
-
-    def audio_attention(self, layer: int) -> np.ndarray:
-        if self.buffer is None:
-            raise RuntimeError("policy did not set needs_step_attention = True")
-        return self.buffer[layer]
-
-
-def all_audio_attention(view: StepView, n_layers: int) -> np.ndarray:
-    """Every layer's :meth:`StepView.audio_attention` as one (L, H_q, T_a) array (read-only use).
-
-    The driver's :class:`BufferStepView` already holds them in one buffer, returned as is; any
-    other view is stacked layer by layer.
-    """
-    if isinstance(view, BufferStepView) and view.buffer is not None:
-        return view.buffer
-    return np.stack([view.audio_attention(layer) for layer in range(n_layers)])
-
-
-@dataclass
-class ArrayQueryView:
-    """A :class:`QueryView` over one layer's query and audio keys. ``memo`` (optional) is
-    shared by the policies the driver runs on this step and layer (see :func:`shared`)."""
-
-    step: int
-    layer: int
-    _q: np.ndarray
-    _keys: np.ndarray
-    memo: dict | None = None
-
-    def query(self) -> np.ndarray:
-        return self._q
-
-    def audio_keys(self) -> np.ndarray:
-        return self._keys
-
-
-@dataclass
-class ArrayStepQueryView:
-    """A :class:`StepQueryView` over stacked queries and per-layer audio keys; ``memo`` as in
-    :class:`ArrayQueryView`, shared by the policies the driver runs at this step."""
-
-    step: int
-    _queries: np.ndarray
-    _keys: Sequence[np.ndarray]
-    memo: dict | None = None
-
-    def queries(self) -> np.ndarray:
-        return self._queries
-
-    def audio_keys(self, layer: int) -> np.ndarray:
-        return self._keys[layer]
-
-
-def shared(view: Any, key: Hashable, compute: Callable[[], T]) -> T:
-    """``compute()``, shared by every policy that asks for ``key`` at this step and layer.
-
-    The replay engine drives many policies and budgets over the same query; quantities that do
-    not depend on the budget (Quest / ArkVale page bounds) are then computed once. A view
-    without a ``memo`` mapping (e.g. live decoding of one policy) just computes.
-    """
-    memo = getattr(view, "memo", None)
-    if memo is None:
-        return compute()
-    if key not in memo:
-        memo[key] = compute()
-    return memo[key]
 
 
 @dataclass

@@ -21,10 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from policies._scoring import uniform_head_budget, window_scores
-from policies.base import Policy, PolicyContext, PrefillView, Tier
-from policies.registry import register
+from kvsim.policies._scoring import uniform_head_budget, window_scores
+from kvsim.policies.base import Policy, PolicyContext, PrefillView, Tier
+from kvsim.policies.registry import register
 
 
 @register

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from policies.base import Policy, PolicyContext, PrefillView, full_tiers
-from policies.registry import register
+from kvsim.policies.base import Policy, PolicyContext, PrefillView, full_tiers
+from kvsim.policies.registry import register
 
 
 @register

@@ -27,9 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from policies._scoring import uniform_head_budget, window_scores
-from policies.base import (
+from kvsim.policies._scoring import uniform_head_budget, window_scores
+from kvsim.policies.base import (
     Policy,
     PolicyContext,
     PrefillView,
@@ -38,7 +37,7 @@ from policies.base import (
     all_audio_attention,
     topk_mask,
 )
-from policies.registry import register
+from kvsim.policies.registry import register
 
 
 @register

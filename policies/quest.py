@@ -21,8 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from policies._pages import (
+from kvsim.policies._pages import (
     LayerPageBoxes,
     PageBoxes,
     expand_pages,
@@ -31,7 +30,7 @@ from policies._pages import (
     reduce_group,
     top_pages,
 )
-from policies.base import (
+from kvsim.policies.base import (
     Policy,
     PolicyContext,
     PrefillView,
@@ -40,7 +39,7 @@ from policies.base import (
     full_tiers,
     shared,
 )
-from policies.registry import register
+from kvsim.policies.registry import register
 
 
 @register

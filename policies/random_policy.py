@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from policies._scoring import uniform_head_budget
-from policies.base import (
+from kvsim.policies._scoring import uniform_head_budget
+from kvsim.policies.base import (
     Policy,
     PolicyContext,
     PrefillView,
@@ -21,7 +20,7 @@ from policies.base import (
     shared,
     topk_from_ranks,
 )
-from policies.registry import register
+from kvsim.policies.registry import register
 
 
 @register

@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 from typing import Any
 
-from policies.base import Policy
+from kvsim.policies.base import Policy
 
 _REGISTRY: dict[str, type[Policy]] = {}
 _DISCOVERED = False
@@ -26,12 +26,11 @@ def _discover() -> None:
     global _DISCOVERED
     if _DISCOVERED:
         return
-    import policies
-
+    from kvsim import policies
     skip = {"base", "registry", "params", "allocation"}
     for mod in pkgutil.iter_modules(policies.__path__):
         if mod.name not in skip and not mod.name.startswith("_"):
-            importlib.import_module(f"policies.{mod.name}")
+            importlib.import_module(f"kvsim.policies.{mod.name}")
     _DISCOVERED = True
 
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from policies._scoring import pooled_window_scores, uniform_head_budget
-from policies.base import Policy, PolicyContext, PrefillView, Tier, topk_from_ranks
-from policies.registry import register
+from kvsim.policies._scoring import pooled_window_scores, uniform_head_budget
+from kvsim.policies.base import Policy, PolicyContext, PrefillView, Tier, topk_from_ranks
+from kvsim.policies.registry import register
 
 
 @register

@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from policies._scoring import uniform_head_budget
-from policies.base import Policy, PolicyContext, PrefillView, Tier, full_tiers
-from policies.registry import register
+from kvsim.policies._scoring import uniform_head_budget
+from kvsim.policies.base import Policy, PolicyContext, PrefillView, Tier, full_tiers
+from kvsim.policies.registry import register
 
 
 @register

@@ -28,9 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from policies._scoring import uniform_head_budget
-from policies.base import (
+from kvsim.policies._scoring import uniform_head_budget
+from kvsim.policies.base import (
     Policy,
     PolicyContext,
     PrefillView,
@@ -39,7 +38,7 @@ from policies.base import (
     shared,
     topk_mask,
 )
-from policies.registry import register
+from kvsim.policies.registry import register
 
 
 def decayed_accumulate(prev: np.ndarray, attention: np.ndarray, gamma: float) -> np.ndarray:

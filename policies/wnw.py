@@ -49,9 +49,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from policies._scoring import window_scores
-from policies._wnw_layout import (
+from kvsim.policies._scoring import window_scores
+from kvsim.policies._wnw_layout import (
     ANCHOR,
     TIDAL,
     SegmentLayout,
@@ -64,7 +63,7 @@ from policies._wnw_layout import (
     solve_lambda,
     triage,
 )
-from policies.base import (
+from kvsim.policies.base import (
     TIER_DTYPE,
     Policy,
     PolicyContext,
@@ -73,7 +72,7 @@ from policies.base import (
     Tier,
     topk_mask,
 )
-from policies.registry import register
+from kvsim.policies.registry import register
 
 _SIGNALS = ("vs_hs", "vs", "hs")
 _SELECTIONS = ("segment", "global")

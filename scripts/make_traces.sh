@@ -9,7 +9,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 DATA=${DATA:-data/minivox}
 CLIP=${CLIP:-test_30_60-00013}   # 59.6 s, 160 words: two full 30 s windows
 if [ ! -f "$DATA/manifest.parquet" ]; then
-  python -m tracer.minivox.data --out "$DATA" --seed 0 --splits calib test_30_60 test_long
+  python -m kvsim.minivox.data --out "$DATA" --seed 0 --splits calib test_30_60 test_long
 fi
 # the first 4 calibration clips, 24 answer tokens each (the sensitivity costs one backward per token; 8 min)
 kvsim calibrate --model minivox $(ls "$DATA"/audio/calib/*.flac | head -4) --out minivox/heads.json \

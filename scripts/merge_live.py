@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 import polars as pl
+from kvsim.live.run import aggregate, wer_chart, with_method
 
 from kvsim.plots import save_chart
 from kvsim.trace.atomic import atomic_file
-from tracer.live.run import aggregate, wer_chart, with_method
 
 
 def markdown(results: pl.DataFrame) -> str:

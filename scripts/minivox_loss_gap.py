@@ -17,10 +17,9 @@ import argparse
 from pathlib import Path
 
 import torch
-
-from tracer.minivox import load_minivox, minivox_dir
-from tracer.minivox.data import read_manifest
-from tracer.minivox.train import TrainConfig, batch_rows, loss_fn, make_batch
+from kvsim.minivox import load_minivox, minivox_dir
+from kvsim.minivox.data import read_manifest
+from kvsim.minivox.train import TrainConfig, batch_rows, loss_fn, make_batch
 
 
 def seen_training_clips(data: Path, n: int = 16) -> list[dict]:

@@ -7,14 +7,14 @@ Usage::
 
 Projector weights are averaged; the LoRA updates are averaged exactly by concatenating the
 factors (the soup's LoRA rank is the sum of the parts' ranks). See
-:func:`tracer.minivox.build.average_adapters`.
+:func:`kvsim.minivox.build.average_adapters`.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from tracer.minivox.build import average_adapters
+from kvsim.minivox.build import average_adapters
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from kvsim.replay.attention import as_f32, causal_attention
+from kvsim.core.attention import as_f32, causal_attention
 from kvsim.trace import Trace
 
 

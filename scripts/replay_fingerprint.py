@@ -24,6 +24,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
+from kvsim.policies import registry  # noqa: E402
 
 from kvsim.replay.engine import PolicySpec, ReplayConfig, Replayer  # noqa: E402
 from kvsim.sim import (  # noqa: E402
@@ -34,7 +35,6 @@ from kvsim.sim import (  # noqa: E402
     simulate_workload,
 )
 from kvsim.trace.reader import Trace, find_traces  # noqa: E402
-from policies import registry  # noqa: E402
 
 BUDGETS = (0.2, 0.4, 0.6, 0.8)
 SIM_MODES = ("sync", "overlap", "coalesced", "sync-run", "overlap-run+graphs")

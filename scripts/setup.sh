@@ -21,7 +21,7 @@ fi
 key=$( { cat pyproject.toml scripts/setup.sh; echo "$TORCH_SPEC ${KVSIM_TORCH_INDEX:-} $EXTRAS"; } \
        | sha256sum | cut -c1-16)
 stamp=.venv/.kvsim-setup-$key
-if [ -f "$stamp" ] && python -c "import kvsim, policies, tracer, torch" 2>/dev/null; then
+if [ -f "$stamp" ] && python -c "import kvsim.policies, kvsim.tracer, kvsim.live, torch" 2>/dev/null; then
   echo "setup: .venv is up to date (delete $stamp to force a reinstall)"
 else
   rm -f .venv/.kvsim-setup-*

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from kvsim.replay.attention import as_f32, causal_attention
+from kvsim.core.attention import as_f32, causal_attention
 from kvsim.trace.reader import Trace
 
 #: Figures the WnW paper reports on Voxtral-mini-3b, LibriSpeech-Long dev-clean (§2.1).

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from policies.base import HeadLayout, HeadScores, PolicyContext
+from kvsim.policies.base import HeadLayout, HeadScores, PolicyContext
 
 
 @dataclass

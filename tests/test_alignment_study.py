@@ -7,17 +7,17 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from typer.testing import CliRunner
-
-from kvsim.cli import app
-from studies.alignment import (
+from kvsim.studies.alignment import (
     chance_agreement,
     find_jumps,
     median_filter,
     monotonicity,
     word_agreement,
 )
-from tracer.alignment import WordTiming
+from kvsim.tracer.alignment import WordTiming
+from typer.testing import CliRunner
+
+from kvsim.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "traces" / "minivox-test_30_60-00013.kvtrace"
@@ -60,8 +60,9 @@ def test_shipped_minivox_trace_reads_its_audio_in_order(tmp_path):
     spoken where it looks far above chance; a random or synthetic trace would not."""
     res = CliRunner().invoke(app, ["alignment", str(SHIPPED), "--words", str(WORDS), "-o", str(tmp_path)])
     assert res.exit_code == 0, res.output
+    from kvsim.studies.alignment import alignment
+
     from kvsim.trace.reader import Trace
-    from studies.alignment import alignment
 
     trace = Trace(SHIPPED)
     path = pl.read_parquet(tmp_path / "minivox-test_30_60-00013.alignment.parquet")
@@ -71,7 +72,7 @@ def test_shipped_minivox_trace_reads_its_audio_in_order(tmp_path):
     assert min(a.layer_monotonicity) > 0.9
     assert len(a.jumps) <= 3
     assert a.covered_seconds() > 50
-    from tracer.alignment import load_word_times
+    from kvsim.tracer.alignment import load_word_times
 
     ref = load_word_times(WORDS)
     assert word_agreement(a.path, ref) > 0.5 > 0.1 > chance_agreement(a.path, ref)

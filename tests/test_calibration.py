@@ -9,15 +9,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
-
-from kvsim.cli import app
-from kvsim.trace import Trace
-from kvsim.trace.heads import read_heads
-from tests.fixtures.checkpoints import tiny_checkpoint, write_tone
-from tracer.audio import load_audio
-from tracer.backbones import LoadOptions, PromptSpec, load_backbone
-from tracer.calibrate import (
+from kvsim.tracer.audio import load_audio
+from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone
+from kvsim.tracer.calibrate import (
     CalibrationConfig,
     answer_losses,
     default_top_k,
@@ -26,7 +20,13 @@ from tracer.calibrate import (
     voice_hits,
     word_span_tokens,
 )
-from tracer.run import TraceOptions, generate_traced
+from kvsim.tracer.run import TraceOptions, generate_traced
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.trace import Trace
+from kvsim.trace.heads import read_heads
+from tests.fixtures.checkpoints import tiny_checkpoint, write_tone
 
 torch.set_num_threads(1)
 
@@ -234,8 +234,9 @@ def test_calibrate_teacher_reference_and_ranking(tmp_path_factory):
 def test_trace_stores_held_out_calibration_file(tmp_path_factory):
     """`kvsim trace --heads FILE` embeds scores computed elsewhere (a held-out calibration
     set, as WnW §3.2 does) instead of calibrating on the traced inputs."""
+    from kvsim.policies.base import HeadScores
+
     from kvsim.trace.heads import write_heads
-    from policies.base import HeadScores
 
     ckpt = tiny_checkpoint("voxtral", tmp_path_factory.getbasetemp())
     d = tmp_path_factory.mktemp("theads")

@@ -6,15 +6,15 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from kvsim.live.attention import masked_attention_probs, masked_decode_attention
+from kvsim.live.decode import LiveConfig, live_generate, plain_generate
+from kvsim.live.models import TinyBackbone, TinyConfig
+from kvsim.policies import registry
+from kvsim.policies.base import HeadScores, Tier
 
-from kvsim.replay.attention import gqa_logits, softmax_
+from kvsim.core.attention import gqa_logits, softmax_
+from kvsim.core.steplog import STEP_LOG_COLUMNS
 from kvsim.replay.engine import PolicySpec
-from kvsim.replay.steplog import STEP_LOG_COLUMNS
-from policies import registry
-from policies.base import HeadScores, Tier
-from tracer.live.attention import masked_attention_probs, masked_decode_attention
-from tracer.live.decode import LiveConfig, live_generate, plain_generate
-from tracer.live.models import TinyBackbone, TinyConfig
 
 torch.set_num_threads(1)
 L, HKV, HQ = 3, 4, 8
@@ -120,7 +120,7 @@ def test_prefill_view_matches_eager_attention(lm, prompt, scores):
             seen["w"] = view.n_window
             return super().prefill(ctx, view)
 
-    from tracer.live import decode as dec
+    from kvsim.live import decode as dec
 
     spec = PolicySpec("snapkv", 0.5)
     spec_make = PolicySpec.make
@@ -134,7 +134,7 @@ def test_prefill_view_matches_eager_attention(lm, prompt, scores):
         with torch.no_grad():
             out = lm.model(**prompt.prefill_inputs(), output_attentions=True)
     finally:
-        from tracer.live.attention import LIVE_ATTN
+        from kvsim.live.attention import LIVE_ATTN
         lm.model.set_attn_implementation(LIVE_ATTN)
     a = prompt.audio_positions
     win = np.arange(prompt.n_prompt - 32, prompt.n_prompt)  # last 32 prompt positions (App. F)
@@ -214,7 +214,7 @@ def test_live_rejects_a_model_without_live_attention(prompt):
 
 @pytest.mark.parametrize("physical", [False, True])
 def test_shared_prefill_gives_the_same_run(lm, prompt, scores, physical):
-    from tracer.live.decode import prefill_once
+    from kvsim.live.decode import prefill_once
 
     shared = prefill_once(lm, prompt)
     for name in ("wnw", "arkvale"):

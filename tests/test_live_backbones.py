@@ -1,18 +1,18 @@
 """Live decoding on tiny random-weight Voxtral and Qwen2.5-Omni thinker checkpoints, driven
-through their real processors and chat templates (tracer.backbones)."""
+through their real processors and chat templates (kvsim.tracer.backbones)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from kvsim.live.decode import LiveConfig, live_generate, plain_generate
+from kvsim.live.models import load_backbone
+from kvsim.policies import registry
+from kvsim.policies.base import HeadScores
 
 from kvsim.replay.engine import PolicySpec
-from policies import registry
-from policies.base import HeadScores
 from tests.fixtures.checkpoints import tiny_checkpoint
-from tracer.live.decode import LiveConfig, live_generate, plain_generate
-from tracer.live.models import load_backbone
 
 torch.set_num_threads(1)
 N_NEW = 16
@@ -58,7 +58,7 @@ def test_physical_matches_masking(setup, name, budget):
 def test_identity_transform_reproduces_the_untransformed_run(setup):
     """AffPool at retention 1 rewrites nothing: the prefill from inputs_embeds (the transform
     path) must then give exactly the tokens of the processor's input_ids + input_features."""
-    from tracer.transforms import parse_transforms
+    from kvsim.tracer.transforms import parse_transforms
 
     lm, prompt, scores, ref = setup
     if lm.family != "voxtral":

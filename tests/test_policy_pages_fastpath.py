@@ -13,10 +13,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from zoo_fakes import make_ctx, random_prefill
-
-from policies import Tier, make
-from policies._pages import (
+from kvsim.policies import Tier, make
+from kvsim.policies._pages import (
     PageBoxes,
     bounding_box_digest,
     expand_pages,
@@ -25,7 +23,8 @@ from policies._pages import (
     reduce_group,
     top_pages,
 )
-from policies.base import ArrayQueryView, ArrayStepQueryView, topk_mask
+from kvsim.policies.base import ArrayQueryView, ArrayStepQueryView, topk_mask
+from zoo_fakes import make_ctx, random_prefill
 
 
 def _reference_arkvale_select(pol, state: dict, layer: int, q: np.ndarray, keys: np.ndarray):

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kvsim.policies import Tier, make
+from kvsim.policies._pages import box_upper_bound, minmax_digest, n_pages, page_sizes
 from zoo_fakes import FakeQuery, drive, make_ctx, random_prefill
-
-from policies import Tier, make
-from policies._pages import box_upper_bound, minmax_digest, n_pages, page_sizes
 
 _finite = st.floats(-8, 8, allow_nan=False, width=32)
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from policies._wnw_layout import (
+from kvsim.policies._wnw_layout import (
     ANCHOR,
     FIXED,
     TIDAL,
@@ -16,8 +15,9 @@ from policies._wnw_layout import (
     solve_lambda,
     triage,
 )
-from policies.base import MissingCalibrationError, Tier
-from policies.registry import make
+from kvsim.policies.base import MissingCalibrationError, Tier
+from kvsim.policies.registry import make
+
 from tests._zoo_a_views import FakeStepView, focused_step, make_ctx, random_prefill
 
 VS4 = np.array([[1.0, 0.8], [0.5, 0.2]])  # importance ranking: (0,0) > (0,1) > (1,0) > (1,1)

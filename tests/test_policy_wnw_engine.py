@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kvsim.policies._wnw_layout import ANCHOR, FIXED, TIDAL, SegmentLayout
+from kvsim.policies.base import Tier
+from kvsim.policies.registry import make
 
 from kvsim.replay.engine import PolicySpec, ReplayConfig, Replayer, replay_trace
 from kvsim.synth import SynthConfig, synthesize
 from kvsim.trace import Trace, write_trace
-from policies._wnw_layout import ANCHOR, FIXED, TIDAL, SegmentLayout
-from policies.base import Tier
-from policies.registry import make
 
 SETTINGS = settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -7,10 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from kvsim.replay.engine import InvariantViolation, PolicySpec, ReplayConfig, replay_trace
-from kvsim.trace import Trace
-from policies.base import (
+from kvsim.policies.base import (
     Policy,
     PolicyContext,
     PrefillView,
@@ -19,7 +16,10 @@ from policies.base import (
     Tier,
     full_tiers,
 )
-from policies.registry import register
+from kvsim.policies.registry import register
+
+from kvsim.replay.engine import InvariantViolation, PolicySpec, ReplayConfig, replay_trace
+from kvsim.trace import Trace
 from tests.conftest import make_trace
 from tests.float32_bounds import gamma
 

@@ -4,13 +4,13 @@ write through to the arrays shared by all runs, and the batched metrics' exact c
 from __future__ import annotations
 
 import numpy as np
+from kvsim.policies.base import HeadLayout, Tier
 
 from kvsim.replay.engine import PolicySpec
 from kvsim.replay.logwriter import StepLogWriter
 from kvsim.replay.metrics import MetricAccumulator
 from kvsim.replay.runstate import PolicyRun
 from kvsim.replay.steploop import share_gpu_masks
-from policies.base import HeadLayout, Tier
 from tests.float32_bounds import U32, gamma
 
 HEADS = HeadLayout(n_layers=2, n_q_heads=4, n_kv_heads=2, head_dim=8)

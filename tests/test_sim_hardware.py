@@ -10,7 +10,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.replay.steplog import RunFacts
+from kvsim.core.steplog import RunFacts
 from kvsim.sim import (
     AnalyticPolicy,
     HbmLedger,

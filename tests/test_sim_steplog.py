@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.replay.steplog import STEP_LOG_COLUMNS, RunFacts
+from kvsim.core.steplog import STEP_LOG_COLUMNS, RunFacts
 from kvsim.sim import PresetError, WorkloadError, model_preset, simulate_run
 
 

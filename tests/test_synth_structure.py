@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kvsim.studies.mismatch import mismatch
 
-from kvsim.replay.attention import causal_attention
+from kvsim.core.attention import causal_attention
 from kvsim.synth import SynthConfig, synthesize
 from kvsim.trace import Trace, write_trace
-from studies.mismatch import mismatch
 
 
 @pytest.fixture(scope="module")

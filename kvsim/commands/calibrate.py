@@ -44,10 +44,10 @@ def register(app: typer.Typer) -> None:
 
         from kvsim.commands.trace import expand_inputs
         from kvsim.trace.heads import write_heads
-        from tracer.backbones import BackboneError, LoadOptions, PromptSpec, resolve_model
-        from tracer.batch import ALIGNERS, BatchConfig
-        from tracer.calibrate import CalibrationConfig, calibrate_inputs
-        from tracer.run import TraceOptions
+        from kvsim.tracer.backbones import BackboneError, LoadOptions, PromptSpec, resolve_model
+        from kvsim.tracer.batch import ALIGNERS, BatchConfig
+        from kvsim.tracer.calibrate import CalibrationConfig, calibrate_inputs
+        from kvsim.tracer.run import TraceOptions
 
         console = Console(stderr=True)
         if aligner not in ALIGNERS:
@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
                                      param_hint="--aligner")
         if teacher not in ("greedy", "reference"):
             raise typer.BadParameter("must be greedy or reference", param_hint="--teacher")
-        from tracer.backbones.base import check_device_dtype
+        from kvsim.tracer.backbones.base import check_device_dtype
 
         try:
             resolve_model(model)

@@ -52,12 +52,12 @@ def live(
     import torch
 
     from kvsim.commands._options import check_positive_ints, check_range
+    from kvsim.live.decode import LiveConfig
+    from kvsim.live.models import load_backbone
+    from kvsim.live.run import make_plan
     from kvsim.rundir import RunDir, check_out_dir
     from kvsim.specs import parse_budgets
     from kvsim.trace.heads import read_heads
-    from tracer.live.decode import LiveConfig
-    from tracer.live.models import load_backbone
-    from tracer.live.run import make_plan
 
     torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "1")))
     try:
@@ -88,7 +88,7 @@ def _select_inputs(inputs: list[Path] | None, reference: list[str] | None, datas
                    split: str | None, limit: int | None, ids: str | None, task: str | None) -> list:
     """The inputs to decode, from files/folders or a dataset, narrowed by --limit / --ids,
     with --task applied; DataError (one line) on a bad selection."""
-    from tracer.live.data import DataError, from_paths, load_dataset, select_ids
+    from kvsim.live.data import DataError, from_paths, load_dataset, select_ids
 
     if ids and limit:
         raise DataError("--ids and --limit both select inputs: give one of them")
@@ -125,7 +125,7 @@ def _decode_all(run, items: list, plan: list, lm, cfg, job_args: dict, plot: boo
     """Decode every input into ``run``; print the table and chart."""
     import polars as pl
 
-    from tracer.live.run import LiveJob, run_live, wer_chart
+    from kvsim.live.run import LiveJob, run_live, wer_chart
 
     t0 = time.perf_counter()
     try:

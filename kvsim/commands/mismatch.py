@@ -17,9 +17,9 @@ def mismatch(traces: Annotated[list[Path], typer.Argument(help="Traces or folder
     per-head Jaccard, next to the WnW paper's Voxtral figures. A broken trace is one line on
     stderr; the others are measured; the exit code is non-zero if any failed."""
     from kvsim.commands.traces import each_trace
+    from kvsim.studies.mismatch import PAPER_VOXTRAL
+    from kvsim.studies.mismatch import mismatch as measure
     from kvsim.trace.reader import Trace
-    from studies.mismatch import PAPER_VOXTRAL
-    from studies.mismatch import mismatch as measure
 
     cols = [("prefill_first10", "prefill mass, first 10% of audio"),
             ("prefill_first_half", "prefill mass, first half"),

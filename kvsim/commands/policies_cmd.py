@@ -9,7 +9,7 @@ from rich.table import Table
 
 def policies() -> None:
     """List every registered policy, its paper, and its hyperparameters with defaults."""
-    from policies import registry
+    from kvsim.policies import registry
 
     table = Table(title="kvsim policies", show_lines=True)
     table.add_column("name", style="bold")

@@ -52,7 +52,7 @@ def _step_logs(path: Path) -> list[tuple[str, Path, Path]]:
 
 
 def _load_facts(js: Path):
-    from kvsim.replay.steplog import RunFacts
+    from kvsim.core.steplog import RunFacts
 
     try:
         data = json.loads(js.read_text())

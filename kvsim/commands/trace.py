@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from kvsim.commands._options import MODEL_HELP
-from tracer.audio import AudioError  # noqa: F401  (import check: tracer is importable)
+from kvsim.tracer.audio import AudioError  # noqa: F401  (import check: tracer is importable)
 
 AUDIO_EXTS = (".wav", ".flac", ".ogg", ".mp3")
 
@@ -71,10 +71,10 @@ def register(app: typer.Typer) -> None:
 
         from kvsim.commands._options import check_positive_ints
         from kvsim.rundir import OutDirError, RunDir, check_out_dir
-        from tracer.backbones import BackboneError, LoadOptions, PromptSpec, resolve_model
-        from tracer.backbones.base import TASKS
-        from tracer.batch import ALIGNERS, BatchConfig
-        from tracer.run import TraceOptions
+        from kvsim.tracer.backbones import BackboneError, LoadOptions, PromptSpec, resolve_model
+        from kvsim.tracer.backbones.base import TASKS
+        from kvsim.tracer.batch import ALIGNERS, BatchConfig
+        from kvsim.tracer.run import TraceOptions
 
         console = Console(stderr=True, soft_wrap=True)
         try:
@@ -104,7 +104,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2) from None
         if reference is not None and not reference.exists():
             raise typer.BadParameter(f"{reference}: not found", param_hint="--reference")
-        from tracer.backbones.base import check_device_dtype
+        from kvsim.tracer.backbones.base import check_device_dtype
 
         try:
             resolve_model(model)
@@ -141,18 +141,18 @@ def _trace_all(files: list[Path], cfg, run, console, calibrate: bool, scores) ->
     summary; exit 1 when an input failed, 2 when the whole run did."""
     from rich.markup import escape
 
-    from tracer.backbones import BackboneError
-    from tracer.batch import run_batch, summary_table
+    from kvsim.tracer.backbones import BackboneError
+    from kvsim.tracer.batch import run_batch, summary_table
 
     t0 = time.perf_counter()
     try:
         results = run_batch(files, cfg, console, run)
         if calibrate:
-            from tracer.calibrate import CalibrationConfig, calibrate_into_traces
+            from kvsim.tracer.calibrate import CalibrationConfig, calibrate_into_traces
 
             calibrate_into_traces(results, cfg, CalibrationConfig(), console)
         elif scores is not None:
-            from tracer.calibrate import store_head_scores
+            from kvsim.tracer.calibrate import store_head_scores
 
             store_head_scores(results, scores, console)
     except BackboneError as exc:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvsim.core.shapes import HeadLayout
 from kvsim.replay.runstate import PolicyRun
-from policies.base import HeadLayout
 
 
 class StepAttentionBuffers:

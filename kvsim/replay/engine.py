@@ -20,52 +20,33 @@ loop, then one summary per run); the units it composes each have one job:
 - :mod:`kvsim.replay.metrics` — recall, top-K Jaccard and output error, batched over runs;
 - :mod:`kvsim.replay.runstate` — one run's tiers and their update after each step;
 - :mod:`kvsim.replay.logwriter` and :mod:`kvsim.replay.summary` — step log and summary;
-- :mod:`kvsim.replay.invariants` — the protocol checks.
+- :mod:`kvsim.core.invariants` — the protocol checks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from kvsim.replay.attention import as_f32, causal_attention
-from kvsim.replay.invariants import InvariantViolation, check_capacity, check_tiers
+from kvsim.core.attention import as_f32
+from kvsim.core.invariants import InvariantViolation, check_capacity, check_tiers
+from kvsim.core.steplog import RunFacts
+from kvsim.core.views import WindowPrefillView
+from kvsim.policies.base import HeadScores, MissingCalibrationError, Policy, PolicyContext
+from kvsim.policies.spec import PolicySpec
 from kvsim.replay.logwriter import StepLogWriter
 from kvsim.replay.metrics import RunMetrics
 from kvsim.replay.runstate import PolicyRun
-from kvsim.replay.steplog import RunFacts
 from kvsim.replay.steploop import LoopSettings, StepLoop
 from kvsim.replay.summary import quality_summary, retention_summary, transfer_summary
 from kvsim.replay.tensors import TraceTensors
 from kvsim.trace.reader import Trace
-from policies import registry
-from policies.base import HeadScores, MissingCalibrationError, Policy, PolicyContext
 
 __all__ = ["InvariantViolation", "PolicySpec", "ReplayConfig", "Replayer", "RunResult",
            "WindowPrefillView", "check_tiers", "replay_trace"]
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    """One policy at one budget with hyperparameters."""
-
-    name: str
-    budget: float
-    params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        if not self.params:
-            return self.name
-        inner = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
-        return f"{self.name}({inner})"
-
-    def make(self) -> Policy:
-        return registry.make(self.name, self.budget, **self.params)
 
 
 @dataclass
@@ -116,35 +97,6 @@ class RunResult:
 
 
 # ----------------------------------------------------------------------------- views
-class WindowPrefillView:
-    """The :class:`PrefillView` of replay and live decoding: full-model causal attention of the
-    observation-window queries, restricted to the audio, computed once per layer and shared
-    by every policy of the run."""
-
-    def __init__(self, queries: Callable[[int], np.ndarray], keys: Sequence[np.ndarray],
-                 window: np.ndarray, audio: np.ndarray) -> None:
-        self._queries = queries  # layer -> (H_q, W, D) float32
-        self._keys = keys  # per layer (H_kv, N, D) float32
-        self._window = window
-        self._audio = audio
-        self._cache: dict[int, np.ndarray] = {}
-        #: results shared by every policy prefilled on this view (see ``policies.base.shared``)
-        self.memo: dict = {}
-
-    @property
-    def n_window(self) -> int:
-        return len(self._window)
-
-    def audio_attention(self, layer: int) -> np.ndarray:
-        if layer not in self._cache:
-            att = causal_attention(self._queries(layer), self._keys[layer], self._window)
-            self._cache[layer] = np.ascontiguousarray(att[:, :, self._audio])
-        return self._cache[layer]
-
-    def audio_keys(self, layer: int) -> np.ndarray:
-        return np.ascontiguousarray(self._keys[layer][:, self._audio])
-
-
 class Replayer:
     """Replays several policy specs over one trace, sharing the attention computation.
 

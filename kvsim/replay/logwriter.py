@@ -1,4 +1,4 @@
-"""Writes the step log of one replayed run (columns of :mod:`kvsim.replay.steplog`).
+"""Writes the step log of one replayed run (columns of :mod:`kvsim.core.steplog`).
 
 The engine fills, step by step, the columns that differ between runs (tier counts, reads,
 transfers) in preallocated integer arrays; the columns every run shares (step, context) are
@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from kvsim.replay.steplog import STEP_LOG_COLUMNS
-from policies.base import HeadLayout, Tier
+from kvsim.core.shapes import HeadLayout
+from kvsim.core.steplog import STEP_LOG_COLUMNS
+from kvsim.core.tiers import Tier
 
 #: step-log columns that differ between runs, in the order of ``StepLogWriter.run_columns``
 RUN_COLUMNS = ("gpu_audio_tokens", "cpu_audio_tokens", "read_audio_tokens", "h2d_tokens",

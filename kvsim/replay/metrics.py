@@ -21,8 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kvsim.core.shapes import HeadLayout
 from kvsim.replay.tensors import LayerAttention
-from policies.base import HeadLayout
 
 
 class LayerMass(NamedTuple):

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvsim.replay.invariants import check_capacity, check_gone_absorbing, check_tiers
+from kvsim.core.invariants import check_capacity, check_gone_absorbing, check_tiers
+from kvsim.policies.base import BufferStepView, Policy, Tier
 from kvsim.replay.logwriter import StepLogWriter
-from policies.base import BufferStepView, Policy, Tier
 
 if TYPE_CHECKING:
-    from kvsim.replay.engine import PolicySpec
+    from kvsim.policies.spec import PolicySpec
 
 
 class PolicyRun:

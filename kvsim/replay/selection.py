@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.replay.invariants import InvariantViolation
+from kvsim.core.invariants import InvariantViolation
+from kvsim.policies.base import ArrayQueryView, ArrayStepQueryView, Tier
 from kvsim.replay.runstate import PolicyRun
-from policies.base import ArrayQueryView, ArrayStepQueryView, Tier
 
 
 class QueryAwareSelection:

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.policies.base import HeadLayout, Policy
 from kvsim.replay.buffers import StepAttentionBuffers
 from kvsim.replay.metrics import MetricAccumulator, RunMetrics, output_error
 from kvsim.replay.runstate import PolicyRun
 from kvsim.replay.selection import QueryAwareSelection
 from kvsim.replay.tensors import TraceTensors
-from policies.base import HeadLayout, Policy
 
 
 @dataclass(frozen=True)

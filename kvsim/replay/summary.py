@@ -7,8 +7,8 @@ from typing import Any
 
 import polars as pl
 
+from kvsim.core.steplog import retention_per_step
 from kvsim.replay.metrics import RunMetrics
-from kvsim.replay.steplog import retention_per_step
 
 
 def retention_summary(log: pl.DataFrame, audio_kv_total: int, prefill_r_gpu: float) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvsim.replay.attention import as_f32, gqa_logits, softmax_
+from kvsim.core.attention import as_f32, gqa_logits, softmax_
 from kvsim.trace.reader import Trace
 
 

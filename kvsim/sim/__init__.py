@@ -15,7 +15,7 @@ import time
 
 import polars as pl
 
-from kvsim.replay.steplog import RunFacts
+from kvsim.core.steplog import RunFacts
 from kvsim.sim.analytic import AnalyticError, AnalyticPolicy, analytic_workload, decode_steps_for
 from kvsim.sim.engine import ModeError, SimMode, run_simulation
 from kvsim.sim.hardware import HbmLedger, HbmOutOfMemory, PcieLink, Stream, transfer_us
@@ -90,7 +90,7 @@ def simulate_run(
     Parameters
     ----------
     step_log, facts
-        A replay's per-step log (columns of :mod:`kvsim.replay.steplog`) and its RunFacts.
+        A replay's per-step log (columns of :mod:`kvsim.core.steplog`) and its RunFacts.
     gpu
         GPU preset name (``a100-80gb``, ``h100-sxm``, ``h200``), a ``.toml`` path, or a preset.
     mode

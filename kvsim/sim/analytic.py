@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.replay.steplog import RunFacts
+from kvsim.core.steplog import RunFacts
 from kvsim.sim.presets import ModelPreset
 from kvsim.sim.workload import StepWorkload
 

@@ -2,7 +2,7 @@
 
 A :class:`StepWorkload` holds per-step (and per-layer for recalls) counts for ONE sequence.
 It is built from a replay step log (:func:`from_step_log`, columns of
-:mod:`kvsim.replay.steplog`) or from an analytic description of a policy
+:mod:`kvsim.core.steplog`) or from an analytic description of a policy
 (:mod:`kvsim.sim.analytic`). Token counts are (layer, KV-head) positions.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from kvsim.replay.steplog import STEP_LOG_COLUMNS, RunFacts
+from kvsim.core.steplog import STEP_LOG_COLUMNS, RunFacts
 
 
 class WorkloadError(ValueError):

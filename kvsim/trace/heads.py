@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from kvsim.core.shapes import HeadScores
 from kvsim.trace.atomic import atomic_write_text
 from kvsim.trace.schema import TraceError
-from policies.base import HeadScores
 
 HEADS_FORMAT = "kvsim.heads"
 HEADS_VERSION = 1

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from kvsim.core.shapes import HeadLayout, HeadScores
 from kvsim.trace.atomic import OLD_MARK, TMP_MARK
 from kvsim.trace.heads import heads_from_json
 from kvsim.trace.members import MAX_JSON_BYTES, member_sha256, member_size, read_member
@@ -38,7 +39,6 @@ from kvsim.trace.schema import (
     TraceMeta,
 )
 from kvsim.trace.tensors import check_query_positions, check_tensor_table, first_nonfinite
-from policies.base import HeadLayout, HeadScores
 
 
 def read_json_member(path: Path, limit: int = MAX_JSON_BYTES) -> Any:

@@ -13,6 +13,7 @@ import numpy as np
 import polars as pl
 from safetensors.numpy import save_file
 
+from kvsim.core.shapes import HeadScores
 from kvsim.trace.atomic import atomic_directory
 from kvsim.trace.heads import heads_to_json
 from kvsim.trace.schema import (
@@ -25,7 +26,6 @@ from kvsim.trace.schema import (
     TRACE_SUFFIX,
     TraceMeta,
 )
-from policies.base import HeadScores
 
 
 @dataclass

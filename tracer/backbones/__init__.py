@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tracer.backbones.base import Backbone, LoadOptions, Prepared, PromptSpec, resolve_path
+from kvsim.tracer.backbones.base import Backbone, LoadOptions, Prepared, PromptSpec, resolve_path
 
 #: Short names accepted by ``--model`` and the hub ids they stand for.
 MODEL_ALIASES = {
@@ -45,15 +45,15 @@ def family_of(path: str) -> str:
 
 def _class_for(family: str) -> type[Backbone]:
     if family == "voxtral":
-        from tracer.backbones.voxtral import VoxtralBackbone
+        from kvsim.tracer.backbones.voxtral import VoxtralBackbone
 
         return VoxtralBackbone
     if family == "qwen-omni":
-        from tracer.backbones.qwen_omni import QwenOmniBackbone
+        from kvsim.tracer.backbones.qwen_omni import QwenOmniBackbone
 
         return QwenOmniBackbone
     if family == "minivox":
-        from tracer.backbones.minivox import MinivoxBackbone
+        from kvsim.tracer.backbones.minivox import MinivoxBackbone
 
         return MinivoxBackbone
     raise BackboneError(f"unknown model family {family!r}")

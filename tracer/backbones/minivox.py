@@ -1,5 +1,5 @@
-"""minivox (this project's small Voxtral-like speech LLM, ``tracer/minivox``): loaded with
-``tracer.minivox.load_minivox`` and its ``MinivoxProcessor`` (interface: docs/minivox.md).
+"""minivox (this project's small Voxtral-like speech LLM, ``minivox/``): loaded with
+``kvsim.minivox.load_minivox`` and its ``MinivoxProcessor`` (interface: docs/minivox.md).
 
 Audio as Voxtral: 30 s windows, 375 audio tokens each (12.5 tok/s), the last window padded.
 """
@@ -10,9 +10,8 @@ import math
 from typing import Any
 
 import numpy as np
-
-from tracer.audio import AudioClip
-from tracer.backbones.base import LANGUAGE_NAMES, Backbone, Prepared, PromptSpec, torch_dtype
+from kvsim.tracer.audio import AudioClip
+from kvsim.tracer.backbones.base import LANGUAGE_NAMES, Backbone, Prepared, PromptSpec, torch_dtype
 
 CHUNK_S = 30.0
 TOKENS_PER_CHUNK = 375
@@ -28,7 +27,7 @@ class MinivoxBackbone(Backbone):
 
     def _load(self) -> tuple[Any, Any]:
         try:
-            from tracer.minivox import load_minivox, minivox_dir
+            from kvsim.minivox import load_minivox, minivox_dir
         except ImportError as exc:
             raise RuntimeError(f"minivox is not available in this checkout ({exc})") from None
         model, processor = load_minivox(

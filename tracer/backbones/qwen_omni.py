@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from tracer.audio import AudioClip
-from tracer.backbones.base import LANGUAGE_NAMES, Backbone, Prepared, PromptSpec
+from kvsim.tracer.audio import AudioClip
+from kvsim.tracer.backbones.base import LANGUAGE_NAMES, Backbone, Prepared, PromptSpec
 
 TOKENS_PER_S = 25.0
 #: Qwen2_5OmniProcessor pads the log-mel to 30 s (``padding="max_length"``) but its

@@ -14,9 +14,8 @@ import math
 from typing import Any
 
 import numpy as np
-
-from tracer.audio import AudioClip
-from tracer.backbones.base import LANGUAGE_NAMES, Backbone, Prepared, PromptSpec
+from kvsim.tracer.audio import AudioClip
+from kvsim.tracer.backbones.base import LANGUAGE_NAMES, Backbone, Prepared, PromptSpec
 
 CHUNK_S = 30.0
 TOKENS_PER_CHUNK = 375

@@ -4,9 +4,9 @@ Each transform is a function ``(audio_embeds, audio times, ...) -> SpanTransform
 embeddings, per-position kinds and times, order preserved); :func:`splice` puts the result
 back into a prompt. Used by ``kvsim live --transform`` (and by ``kvsim trace`` later).
 
-* ``voxzip1`` -- VoxZip stage 1 semantic anchors (:mod:`tracer.transforms.voxzip_anchors`);
+* ``voxzip1`` -- VoxZip stage 1 semantic anchors (:mod:`kvsim.tracer.transforms.voxzip_anchors`);
 * ``affpool[:retention]`` -- affinity pooling of adjacent audio tokens
-  (:mod:`tracer.transforms.affpool`), default retention 0.5.
+  (:mod:`kvsim.tracer.transforms.affpool`), default retention 0.5.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
-from tracer.transforms.affpool import affpool
-from tracer.transforms.base import SpanTransform, splice
-from tracer.transforms.voxzip_anchors import semantic_anchors, whisper_segments
+from kvsim.tracer.transforms.affpool import affpool
+from kvsim.tracer.transforms.base import SpanTransform, splice
+from kvsim.tracer.transforms.voxzip_anchors import semantic_anchors, whisper_segments
 
 __all__ = ["SpanTransform", "affpool", "semantic_anchors", "splice", "parse_transforms"]
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
-from tracer.transforms.base import SpanTransform
+from kvsim.tracer.transforms.base import SpanTransform
 
 
 def adjacent_affinity(embeds: torch.Tensor) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Apply an input transform to a :class:`tracer.backbones.Prepared` (for ``kvsim trace
+"""Apply an input transform to a :class:`kvsim.tracer.backbones.Prepared` (for ``kvsim trace
 --input-transform``): the same transforms as ``kvsim live --transform``, returning a Prepared
 whose ``inputs`` are ``{"inputs_embeds", "attention_mask"}`` and whose audio span, kinds, token
 ids (audio placeholders) and times describe the rewritten span.
@@ -18,8 +18,8 @@ def transform_prepared(backbone, prepared, audio: np.ndarray, name: str):
     Returns ``(new_prepared, span)`` where ``span`` is the :class:`SpanTransform` (kinds
     ``audio``/``anchor`` and the original-token ranges each new position summarises).
     """
-    from tracer.live.models import LivePrompt, TracerLive
-    from tracer.transforms import parse_transforms
+    from kvsim.live.models import LivePrompt, TracerLive
+    from kvsim.tracer.transforms import parse_transforms
 
     fn = parse_transforms(name)[name]
     if fn is None:

@@ -1,6 +1,6 @@
 """Latency and memory of live decoding on a random-weight backbone of a chosen shape.
 
-``python -m tracer.live.bench --device cuda --layers 30 --q-heads 9 --kv-heads 3 --head-dim 64
+``python -m kvsim.live.bench --device cuda --layers 30 --q-heads 9 --kv-heads 3 --head-dim 64
 --seconds 120 --policies full,wnw,snapkv,arkvale --budget 0.2 --steps 64`` prints one JSON line
 per (policy, path) with ms/token, device audio KV MB, H2D MB/step and (CUDA) peak memory. The
 weights are random (the decoder shape is what costs time); greedy outputs are meaningless, so
@@ -15,11 +15,11 @@ import time
 
 import numpy as np
 import torch
+from kvsim.live.decode import LiveConfig, live_generate
+from kvsim.live.models import TinyBackbone, TinyConfig
+from kvsim.policies.spec import PolicySpec
 
-from kvsim.replay.engine import PolicySpec
-from policies.base import HeadScores
-from tracer.live.decode import LiveConfig, live_generate
-from tracer.live.models import TinyBackbone, TinyConfig
+from kvsim.core.shapes import HeadScores
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     prompt.model_inputs["inputs_embeds"] = prompt.model_inputs["inputs_embeds"].to(getattr(torch, a.dtype))
     scores = HeadScores(rng.random((a.layers, a.kv_heads)), rng.random((a.layers, a.kv_heads)), "random")
     # plain greedy generate (no session): per-token time from two lengths, prefill cancels
-    from tracer.live.decode import plain_generate
+    from kvsim.live.decode import plain_generate
 
     plain_generate(lm, prompt, 2)
     t = []

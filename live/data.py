@@ -28,7 +28,7 @@ Layouts (``kvsim live --dataset KIND ROOT``):
   when a filter matches nothing.
 * ``manifest`` -- the project's espeak long-form sets: a ``manifest.parquet`` with columns
   ``audio_path`` (relative to the manifest's folder), ``text``, ``duration``, optionally
-  ``id``, ``split``, ``words``, ``word_start``, ``word_end`` (tracer/minivox/data.py);
+  ``id``, ``split``, ``words``, ``word_start``, ``word_end`` (minivox/data.py);
   ``--split`` selects rows.
 
 ``--max-seconds`` crops long inputs; when word or utterance times are known the reference is
@@ -75,15 +75,15 @@ class LiveInput:
 
 def load_audio(path: Path) -> np.ndarray:
     """Read an audio file as 16 kHz mono float32, rejecting what ``kvsim trace`` rejects
-    (unreadable, empty, NaN/inf samples, silence): :func:`tracer.audio.load_audio`.
+    (unreadable, empty, NaN/inf samples, silence): :func:`kvsim.tracer.audio.load_audio`.
 
     Raises
     ------
     DataError
         ``<path>: <reason>``, one line.
     """
-    from tracer.audio import AudioError
-    from tracer.audio import load_audio as read_checked
+    from kvsim.tracer.audio import AudioError
+    from kvsim.tracer.audio import load_audio as read_checked
 
     try:
         clip = read_checked(path, SAMPLE_RATE)

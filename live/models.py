@@ -4,10 +4,10 @@ its input embeddings, EOS ids, head layout) and two implementations:
 * ``tiny`` -- a random-weight ``LlamaForCausalLM`` whose "audio" positions carry a fixed random
   projection of log-energy frames of the waveform (12.5 frames/s). Deterministic from its seed;
   used by the tests and for smoke runs on any machine. Its transcripts are meaningless.
-* any backbone of :mod:`tracer.backbones` (``minivox``, Voxtral, Qwen2.5-Omni thinker, or a local
+* any backbone of :mod:`kvsim.tracer.backbones` (``minivox``, Voxtral, Qwen2.5-Omni thinker, or a local
   checkpoint directory), with its real processor and chat template.
 
-Both are loaded with the live attention (:data:`tracer.live.attention.LIVE_ATTN`) on the text
+Both are loaded with the live attention (:data:`kvsim.live.attention.LIVE_ATTN`) on the text
 decoder only.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from kvsim.live.attention import register_live_attention
 
-from policies.base import HeadLayout
-from tracer.live.attention import register_live_attention
+from kvsim.core.shapes import HeadLayout
 
 
 @dataclass
@@ -210,12 +210,12 @@ class TinyBackbone(LiveModel):
 
 # ----------------------------------------------------------------------------- tracer backbones
 class TracerLive(LiveModel):
-    """Any backbone of :mod:`tracer.backbones` (minivox, Voxtral, Qwen2.5-Omni thinker), loaded
+    """Any backbone of :mod:`kvsim.tracer.backbones` (minivox, Voxtral, Qwen2.5-Omni thinker), loaded
     with its own processor and chat template, the live attention on its text decoder."""
 
     def __init__(self, model: str, device: str = "cpu", dtype: str = "float32") -> None:
         super().__init__()
-        from tracer.backbones import BackboneError, LoadOptions, load_backbone
+        from kvsim.tracer.backbones import BackboneError, LoadOptions, load_backbone
 
         try:
             self.bb = load_backbone(model, LoadOptions(device=device, dtype=dtype, trace_attention=False))
@@ -233,8 +233,8 @@ class TracerLive(LiveModel):
                 language: str | None = None) -> LivePrompt:
         from pathlib import Path
 
-        from tracer.audio import AudioClip
-        from tracer.backbones import PromptSpec
+        from kvsim.tracer.audio import AudioClip
+        from kvsim.tracer.backbones import PromptSpec
 
         clip = AudioClip(Path("<memory>"), np.asarray(audio, dtype=np.float32), self.sample_rate,
                          self.sample_rate, 1)

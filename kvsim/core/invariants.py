@@ -1,15 +1,21 @@
-"""Checks of the rules a policy must keep (the protocol of :mod:`policies.base`): tier arrays of
+"""Checks of the rules a policy must keep (the protocol of :mod:`kvsim.policies.base`): tier arrays of
 the right shape and values, GONE is absorbing, no more GPU audio than the policy's capacity."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
-from policies.base import Policy, Tier
+from kvsim.core.tiers import Tier
+
+
+class _HasCapacity(Protocol):
+    def gpu_capacity(self) -> int | None: ...
 
 
 class InvariantViolation(AssertionError):
-    """A policy broke a rule of the policy protocol (:mod:`policies.base`)."""
+    """A policy broke a rule of the policy protocol (:mod:`kvsim.policies.base`)."""
 
 
 def check_tiers(name: str, tiers: np.ndarray, shape: tuple[int, ...]) -> None:
@@ -30,7 +36,7 @@ def check_gone_absorbing(name: str, before: np.ndarray, after: np.ndarray, step:
             f"{name}: a GONE position came back at step {step} (GONE is absorbing)")
 
 
-def check_capacity(name: str, policy: Policy, n_gpu: int, step: int) -> None:
+def check_capacity(name: str, policy: _HasCapacity, n_gpu: int, step: int) -> None:
     """The GPU audio tokens (``n_gpu``) fit the policy's declared capacity (step -1: prefill)."""
     cap = policy.gpu_capacity()
     if cap is not None and n_gpu > cap:

@@ -4,7 +4,7 @@ A function registered with ``transformers.AttentionInterface`` under :data:`LIVE
 ``sdpa_mask`` under the same name in ``AttentionMaskInterface``, so padded inputs keep their
 mask; shared/notes "Capturing attention without eager mode") receives, per decoder layer and
 call, the post-RoPE ``query`` and the cached ``key``/``value``. With no active
-:class:`~tracer.live.session.LiveSession` it is exactly the stock sdpa function; with one, the
+:class:`~kvsim.live.session.LiveSession` it is exactly the stock sdpa function; with one, the
 session decides per call (prefill: record the observation window and run full attention; decode:
 merge the per-(layer, KV-head) keep-mask of the policy into the attention).
 

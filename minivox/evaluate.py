@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m tracer.minivox.evaluate --data /work/data/minivox \\
+    python -m kvsim.minivox.evaluate --data /work/data/minivox \\
         --splits test_30_60 test_long [--adapter PATH] [--limit N] [--out results.jsonl]
 
 Prints per-clip WER, decode ms/token and per-split corpus WER.

@@ -17,7 +17,7 @@ tokens that occur in the training transcripts (8k of SmolLM2's 49k) plus the bla
 
 Usage::
 
-    python -m tracer.minivox.align --data /work/data/minivox --out /work/data/minivox/align.safetensors
+    python -m kvsim.minivox.align --data /work/data/minivox --out /work/data/minivox/align.safetensors
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ only (the prompt and audio positions are not scored).
 
 Usage::
 
-    python -m tracer.minivox.train --data /work/data/minivox --run /work/data/minivox/run \\
+    python -m kvsim.minivox.train --data /work/data/minivox --run /work/data/minivox/run \\
         --seed 0 --steps 700 --batch 4
 
 Resumes from ``<run>/last.pt`` when present; every ``--eval-every`` steps prints dev WER
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--run", type=Path, default=Path("/work/data/minivox/run"))
     ap.add_argument("--export", action="store_true", help=f"copy the best adapter to {REPO_WEIGHTS}")
     ap.add_argument("--init-projector", type=Path, default=None,
-                    help="projector weights from stage-1 alignment (tracer.minivox.align)")
+                    help="projector weights from stage-1 alignment (kvsim.minivox.align)")
     ap.add_argument("--init-adapter", type=Path, default=None,
                     help="start a new run from a trained adapter (projector + LoRA), with a fresh "
                          "optimizer and schedule")

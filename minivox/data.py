@@ -5,16 +5,16 @@ Text: the fortune-cookie databases of the Debian packages ``fortunes`` / ``fortu
 fortune is cleaned (ASCII, no digits or markup, attributions dropped) and deduplicated; whole
 fortunes are assigned to exactly one split by a seeded shuffle, so splits never share text.
 The ``train_wide`` split adds distinct training-only text from WordNet and the ``anarchism``
-fortunes (:mod:`tracer.minivox.extra_text`; Debian packages ``wordnet-base``,
+fortunes (:mod:`kvsim.minivox.extra_text`; Debian packages ``wordnet-base``,
 ``fortune-anarchism``), none of it inside a held-out text.
 
-Speech: libespeak-ng (see :mod:`tracer.minivox.espeak`) with several voices, speaking
+Speech: libespeak-ng (see :mod:`kvsim.minivox.espeak`) with several voices, speaking
 rates and pitches; a clip concatenates consecutive fortunes of its split with natural
 pauses (0.25-0.9 s) between them; word timings come from espeak's phoneme events.
 
 Usage::
 
-    python -m tracer.minivox.data --out /work/data/minivox --seed 0
+    python -m kvsim.minivox.data --out /work/data/minivox --seed 0
 
 writes ``<out>/audio/<split>/<id>.flac`` (16 kHz mono) and ``<out>/manifest.parquet`` with
 columns ``id, split, audio_path (relative to out), duration, text, words, word_start,
@@ -322,7 +322,7 @@ def read_manifest(root: str | Path, split: str | None = None):
     root = Path(root)
     path = root / "manifest.parquet"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: manifest not found (run python -m tracer.minivox.data)")
+        raise FileNotFoundError(f"{path}: manifest not found (run python -m kvsim.minivox.data)")
     df = pl.read_parquet(path)
     if split is not None:
         df = df.filter(pl.col("split") == split)

@@ -12,7 +12,7 @@ distinct English text for the *training* splits only, from two Debian packages:
 - ``fortune-anarchism``: a fortune database of about 900 quotations that is not part of the
   ``fortunes`` / ``fortunes-min`` packages the held-out splits come from.
 
-Every text goes through :func:`tracer.minivox.data.clean_fortune`'s rules. A text whose
+Every text goes through :func:`kvsim.minivox.data.clean_fortune`'s rules. A text whose
 letters equal those of any base fortune, or occur inside a held-out fortune (a WordNet
 example quoting a proverb that a test clip speaks), is dropped, so no held-out text enters
 the training pool this way.

@@ -11,7 +11,7 @@ and is tested without an accelerator). Positions leaving the GPU tier are simply
 the rebuilt device tensor, whose old storage is freed.
 
 Attention is permutation invariant over keys (they are post-RoPE), so this layout computes the
-same function as the masking emulation (:mod:`tracer.live.attention`); the tests check that both
+same function as the masking emulation (:mod:`kvsim.live.attention`); the tests check that both
 paths produce the same tokens (WnW, ArkVale).
 """
 

@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
+from kvsim.live.data import LiveInput
+from kvsim.live.decode import LiveConfig, LiveRun, live_generate, prefill_once
+from kvsim.live.metrics import WerConfig, bleu, truncated_wer
+from kvsim.live.models import LiveModel
+from kvsim.policies.base import MissingCalibrationError
+from kvsim.policies.spec import PolicySpec
 
-from kvsim.replay.engine import PolicySpec
 from kvsim.trace.atomic import atomic_file, atomic_write_text
-from policies.base import MissingCalibrationError
-from tracer.live.data import LiveInput
-from tracer.live.decode import LiveConfig, LiveRun, live_generate, prefill_once
-from tracer.live.metrics import WerConfig, bleu, truncated_wer
-from tracer.live.models import LiveModel
 
 if TYPE_CHECKING:
     from kvsim.rundir import RunDir
@@ -52,8 +52,9 @@ def make_plan(policy_args: Sequence[str], budgets: Sequence[float], transforms: 
     at r_GPU = budget, as a token-merging baseline). Plain ``full`` keeps everything whatever
     the budget, so it runs once (at budget 1.0).
     """
+    from kvsim.tracer.transforms import parse_transforms
+
     from kvsim.specs import parse_policies
-    from tracer.transforms import parse_transforms
 
     crossed = list(parse_transforms(transforms))
     plan: list[PlanItem] = []
@@ -133,7 +134,7 @@ def run_live(lm: LiveModel, job: LiveJob, out: RunDir | Path | None = None,
 def _decode_input(lm: LiveModel, job: LiveJob, item: LiveInput, skip: set,
                   log: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[tuple[str, LiveRun]]]:
     """Every (transform, policy, budget) of the plan on one input: its rows and step logs."""
-    from tracer.transforms import parse_transforms
+    from kvsim.tracer.transforms import parse_transforms
 
     order = list(dict.fromkeys(p.transform for p in job.plan))
     fns = {t: parse_transforms(t)[t] for t in order}

@@ -25,7 +25,7 @@ from .processing import MinivoxProcessor
 
 AUDIO_TOKEN = "<empty_output>"
 ADAPTER_FORMAT = "minivox-adapter-v1"
-REPO_WEIGHTS = Path(__file__).resolve().parents[2] / "minivox" / "adapter.safetensors"
+REPO_WEIGHTS = Path(__file__).resolve().parent / "adapter.safetensors"
 
 
 def default_adapter_path() -> Path | None:

@@ -9,15 +9,15 @@ from typing import Any
 import numpy as np
 import polars as pl
 import torch
+from kvsim.live.attention import ACTIVE, LIVE_ATTN
+from kvsim.live.models import LiveModel, LivePrompt
+from kvsim.live.offload import install_offload
+from kvsim.live.session import LiveSession
+from kvsim.policies.base import HeadScores, PolicyContext
+from kvsim.policies.spec import PolicySpec
 
-from kvsim.replay.engine import PolicySpec
-from kvsim.replay.steplog import STEP_LOG_COLUMNS, RunFacts, retention_per_step
+from kvsim.core.steplog import STEP_LOG_COLUMNS, RunFacts, retention_per_step
 from kvsim.trace.schema import OBSERVATION_WINDOW
-from policies.base import HeadScores, PolicyContext
-from tracer.live.attention import ACTIVE, LIVE_ATTN
-from tracer.live.models import LiveModel, LivePrompt
-from tracer.live.offload import install_offload
-from tracer.live.session import LiveSession
 
 
 @dataclass
@@ -29,7 +29,7 @@ class LiveConfig:
     max_new_tokens : int
         Generation stops after this many tokens (the run then counts as not terminated).
     physical : bool
-        Physical offload path (:mod:`tracer.live.offload`) instead of masking emulation.
+        Physical offload path (:mod:`kvsim.live.offload`) instead of masking emulation.
     head_scores : HeadScores or None
         Calibration scores for WnW / AudioKV.
     check_invariants : bool
@@ -114,9 +114,8 @@ class Prefilled:
 def prefill_once(lm: LiveModel, prompt: LivePrompt, window: int = OBSERVATION_WINDOW) -> Prefilled:
     """Run the prefill once, capturing the observation-window queries (the last ``window``
     prompt positions) and the prompt keys."""
+    from kvsim.policies import registry
     from transformers import DynamicCache
-
-    from policies import registry
 
     ctx = PolicyContext(heads=lm.layout, n_audio=prompt.n_audio, audio_tokens_per_s=lm.audio_tokens_per_s,
                         n_prefill=prompt.n_prompt)

@@ -29,15 +29,16 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from kvsim.replay.engine import InvariantViolation, WindowPrefillView, check_tiers
-from kvsim.trace.schema import OBSERVATION_WINDOW, observation_window
-from policies.base import ArrayQueryView, BufferStepView, Policy, PolicyContext, Tier
-from tracer.live.attention import (
+from kvsim.live.attention import (
     masked_attention_probs,
     masked_decode_attention,
     stock_attention,
 )
+from kvsim.policies.base import ArrayQueryView, BufferStepView, Policy, PolicyContext, Tier
+
+from kvsim.core.invariants import InvariantViolation, check_tiers
+from kvsim.core.views import WindowPrefillView
+from kvsim.trace.schema import OBSERVATION_WINDOW, observation_window
 
 
 def _all_visible(mask: torch.Tensor) -> bool:
@@ -51,7 +52,7 @@ def _runs_per_layer(mask: np.ndarray) -> np.ndarray:
 
 
 class LiveSession:
-    """The controller the live attention function calls into (see :mod:`tracer.live.attention`).
+    """The controller the live attention function calls into (see :mod:`kvsim.live.attention`).
 
     Parameters
     ----------
@@ -63,7 +64,7 @@ class LiveSession:
     n_prompt : number of prompt positions
     label : name used in error messages
     physical : bool
-        Physical offload (:mod:`tracer.live.offload`) instead of masking emulation.
+        Physical offload (:mod:`kvsim.live.offload`) instead of masking emulation.
     window : int
         Observation window: queries of the last ``window`` prompt positions are recorded.
     """

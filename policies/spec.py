@@ -1,0 +1,28 @@
+"""A policy at a budget with hyperparameters: what a replay or live run is asked to run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvsim.policies import registry
+from kvsim.policies.base import Policy
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One policy at one budget with hyperparameters."""
+
+    name: str
+    budget: float
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        if not self.params:
+            return self.name
+        inner = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        return f"{self.name}({inner})"
+
+    def make(self) -> Policy:
+        return registry.make(self.name, self.budget, **self.params)
