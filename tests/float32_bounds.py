@@ -21,13 +21,22 @@ from __future__ import annotations
 import numpy as np
 
 U32 = 2.0**-24  #: unit roundoff of float32
+U64 = 2.0**-53  #: unit roundoff of float64 (the references)
 EXP_ULPS = 4  #: error of a vectorised float32 exp, in units of u (numpy's SIMD exp: < 4)
+TINY32 = 2.0**-149  #: smallest float32 subnormal: bounds the absolute error of an underflow
 
 
 def gamma(n: int | np.ndarray, u: float = U32) -> np.ndarray | float:
     """``γ_n``: relative error bound of an n-term float sum or dot product in any order."""
     nu = np.asarray(n, dtype=np.float64) * u
     return nu / (1.0 - nu)
+
+
+def dot_bound(n: int, magnitude: np.ndarray | float) -> np.ndarray | float:
+    """Bound on |float32 result − float64 reference| of an n-term dot product (or n roundings
+    in all) whose terms have absolute sum ``magnitude``: ``γ_n`` of each, plus n underflows
+    (inputs near float32's smallest normal lose their relative accuracy)."""
+    return (gamma(n) + gamma(n, U64)) * magnitude + n * TINY32
 
 
 def logit_bound(q: np.ndarray, k: np.ndarray) -> np.ndarray:
