@@ -177,6 +177,8 @@ def test_converted_whisper_encoder_matches_ctranslate2():
     cos = (ours * ref).sum(-1) / (np.linalg.norm(ours, axis=-1) * np.linalg.norm(ref, axis=-1))
     assert cos.min() >= 0.999, f"min per-frame cosine {cos.min():.5f}"
     rel = np.linalg.norm(ours - ref) / np.linalg.norm(ref)
+    # not an a-priori bound: two implementations of a whole float32 encoder (torch and
+    # CTranslate2) round differently layer after layer; measured 1.3e-6 here
     assert rel < 1e-4, f"relative L2 {rel:.2e}"
 
 
