@@ -10,8 +10,7 @@ roundoff of float32. Vectorised ``exp`` in numpy and torch is accurate to a few 
 oneDNN, ATen's vectorised loops): they too are sums and dot products in some order.
 
 Two float32 computations of the same quantity (say numpy and torch, or one matrix product of
-another width) differ by at most the sum of their bounds against the exact value
-(:func:`two_sided`). The float64 reference itself errs by ``γ_n`` with ``u = 2⁻⁵³``, some
+another width) differ by at most the sum of their bounds against the exact value. The float64 reference itself errs by ``γ_n`` with ``u = 2⁻⁵³``, some
 10⁹ times less: the bounds below ignore it, and they are first order in the float32 errors
 (the neglected second-order terms are below 10⁻¹² relative).
 """
@@ -104,8 +103,3 @@ def attention_output_bound(p: np.ndarray, v: np.ndarray, e_p: np.ndarray) -> np.
     rescale = n * (EXP_ULPS + 2) * U32
     return (e_p.max(axis=-1, keepdims=True) + gamma(n) + rescale) * weighted
 
-
-def two_sided(*bounds: np.ndarray | float) -> np.ndarray | float:
-    """Bound on the difference of float32 computations of one quantity: the sum of each one's
-    bound against the exact value (e.g. numpy vs torch, or two kernels of one product)."""
-    return sum(bounds)
