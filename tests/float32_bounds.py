@@ -10,9 +10,10 @@ roundoff of float32. Vectorised ``exp`` in numpy and torch is accurate to a few 
 oneDNN, ATen's vectorised loops): they too are sums and dot products in some order.
 
 Two float32 computations of the same quantity (say numpy and torch, or one matrix product of
-another width) differ by at most the sum of their bounds against the exact value. The float64 reference itself errs by ``γ_n`` with ``u = 2⁻⁵³``, some
-10⁹ times less: the bounds below ignore it, and they are first order in the float32 errors
-(the neglected second-order terms are below 10⁻¹² relative).
+another width) differ by at most the sum of their bounds against the exact value. The float64
+reference itself errs by ``γ_n`` with ``u = 2⁻⁵³``, some 10⁹ times less: the bounds below
+ignore it (except :func:`dot_bound`), and they are first order in the float32 errors (the
+neglected second-order terms are below 10⁻¹² relative).
 """
 
 from __future__ import annotations
@@ -46,14 +47,15 @@ def logit_bound(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     exact in float32), ``N`` every key the softmax runs over. The D-term dot product errs by at
     most ``γ_D Σ|q_d k_d|``; the scale ``1/√d`` is itself rounded and its product rounded once
     more (or ``q`` is scaled first: one rounding per term), so ``γ_{D+2}`` covers both orders.
-    Subtracting the row maximum rounds once more, by ``u·|x − max|``; the maximum's own error
-    shifts every logit alike and cancels in the softmax.
+    Subtracting the (computed) row maximum shifts every logit alike, which cancels in the
+    softmax, and rounds once more, by ``u·|x̂ − max̂| ≤ u·(|x − max| + 2·max error)``.
     """
     d = q.shape[-1]
     mag = np.einsum("...d,...nd->...n", np.abs(q), np.abs(k)) / np.sqrt(d)
     exact = np.einsum("...d,...nd->...n", q, k) / np.sqrt(d)
     shifted = exact.max(axis=-1, keepdims=True) - exact
-    return gamma(d + 2) * mag + U32 * (shifted + 2 * gamma(d + 2) * mag)
+    dot_err = gamma(d + 2) * mag
+    return dot_err + U32 * (shifted + 2 * dot_err.max(axis=-1, keepdims=True))
 
 
 def softmax_rel_bound(logit_err: np.ndarray, n: int) -> np.ndarray:
