@@ -15,6 +15,7 @@ from kvsim.policies.base import HeadScores, Tier
 from kvsim.core.attention import gqa_logits, softmax_
 from kvsim.core.steplog import STEP_LOG_COLUMNS
 from kvsim.replay.engine import PolicySpec
+from tests.float32_bounds import attention_output_bound, logit_bound, softmax_rel_bound
 
 torch.set_num_threads(1)
 L, HKV, HQ = 3, 4, 8
@@ -117,6 +118,7 @@ def test_prefill_view_matches_eager_attention(lm, prompt, scores):
     class Spy(registry.get("snapkv")):
         def prefill(self, ctx, view):
             seen["att"] = [view.audio_attention(i) for i in range(ctx.heads.n_layers)]
+            seen["qk"] = [(view._queries(i), view._keys[i]) for i in range(ctx.heads.n_layers)]
             seen["w"] = view.n_window
             return super().prefill(ctx, view)
 
@@ -142,7 +144,31 @@ def test_prefill_view_matches_eager_attention(lm, prompt, scores):
     assert seen["w"] == len(win)
     for layer in range(L):
         eager = out.attentions[layer][0][:, win][:, :, a].numpy()
-        np.testing.assert_allclose(seen["att"][layer], eager, atol=2e-6)
+        # numpy's float32 softmax and torch's eager one are each within the worst-case float32
+        # error of the float64 softmax of the same queries and keys: 2·e_p apart at most
+        exact, e_p = _exact_causal_softmax(*seen["qk"][layer], win)
+        tol = 2 * e_p[..., a] * exact[..., a]
+        assert (tol <= 1e-3 * exact[..., a]).all()  # tight against a wrong window or mask
+        np.testing.assert_array_less(np.abs(seen["att"][layer] - eager), tol + 1e-30)
+
+
+def _exact_causal_softmax(q: np.ndarray, k: np.ndarray,
+                          window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 causal softmax of the float32 window queries ``q`` (H_q, W, D) over the keys
+    ``k`` (H_kv, N, D), (H_q, W, N), and the relative error bound of a float32 computation of
+    each probability (:func:`softmax_rel_bound`)."""
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    g = q.shape[0] // k.shape[0]
+    exact = np.zeros((q.shape[0], len(window), k.shape[1]))
+    e_p = np.zeros_like(exact)
+    for h in range(q.shape[0]):
+        for i, pos in enumerate(window):
+            keys = k64[h // g, : pos + 1]
+            logits = keys @ q64[h, i] / np.sqrt(q.shape[-1])
+            w = np.exp(logits - logits.max())
+            exact[h, i, : pos + 1] = w / w.sum()
+            e_p[h, i] = softmax_rel_bound(logit_bound(q64[h, i], keys), pos + 1)
+    return exact, e_p
 
 
 def test_masked_attention_is_attention_over_the_kept_subset():
@@ -156,12 +182,21 @@ def test_masked_attention_is_attention_over_the_kept_subset():
     out = masked_decode_attention(q, k, v, keep, d**-0.5)[0, 0].numpy()  # (H_q, D)
     probs = masked_attention_probs(q, k, keep, d**-0.5).numpy()
     g = hq // hkv
+    q64, k64, v64 = (t[0].double().numpy() for t in (q, k, v))  # the exact operands
     for h in range(hq):
         kv = h // g
         idx = np.flatnonzero(keep[kv].numpy())
         p = softmax_(gqa_logits(q[0, h : h + 1, 0].numpy(), k[0, kv : kv + 1, idx].numpy()))[0]
-        np.testing.assert_allclose(out[h], p @ v[0, kv, idx].numpy(), atol=1e-6)
-        np.testing.assert_allclose(probs[h, idx], p, atol=1e-6)
+        # torch (SDPA, softmax) and numpy each within the worst-case float32 error of the
+        # float64 softmax over the kept keys: they differ by at most twice that
+        logits = k64[kv, idx] @ q64[h, 0] / np.sqrt(d)
+        exact = np.exp(logits - logits.max())
+        exact /= exact.sum()
+        e_p = softmax_rel_bound(logit_bound(q64[h, 0], k64[kv, idx]), len(idx))
+        out_tol = 2 * attention_output_bound(exact, v64[kv, idx], e_p)
+        assert out_tol.max() < 1e-4  # far below the O(0.1) a wrong mask or head would move
+        np.testing.assert_array_less(np.abs(out[h] - p @ v[0, kv, idx].numpy()), out_tol)
+        np.testing.assert_array_less(np.abs(probs[h, idx] - p), 2 * e_p * exact)
         assert (probs[h, ~keep[kv].numpy()] == 0).all()
 
 

@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
+from float32_bounds import dot_bound
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvsim.policies import Tier, make
@@ -31,7 +32,9 @@ def test_bound_dominates_true_max_over_page(t_a: int, d: int, g: int, page: int,
     bound = box_upper_bound(q, lo, hi)  # (H_kv, g, P)
     true = np.einsum("kgd,ktd->kgt", q.reshape(2, g, d).astype(np.float64), keys.astype(np.float64))
     # float32 arithmetic: tolerance relative to the size of the products summed
-    tol = 1e-5 * np.abs(q).sum(axis=-1).max() * np.abs(keys).max() + 1e-6
+    # (float32 q·m + |q|·w, m and w the rounded box centre and half-width: γ_{D+2}, and the
+    # float64 reference's error and underflow: dot_bound)
+    tol = dot_bound(d + 2, np.abs(q).sum(axis=-1).max() * np.abs(keys).max())
     for p, start in enumerate(range(0, t_a, page)):
         page_max = true[:, :, start : start + page].max(axis=-1)
         assert (bound[:, :, p] >= page_max - tol).all()
@@ -47,7 +50,7 @@ def test_bound_is_max_over_box_corners(q: list[float], a: list[float]) -> None:
     corners = [np.where(bits, hi[0, 0], lo[0, 0]) for bits in itertools.product([0, 1], repeat=3)]
     best = max(float(np.dot(qa[0].astype(np.float64), c.astype(np.float64))) for c in corners)
     scale = float(np.abs(qa).sum() * max(np.abs(lo).max(), np.abs(hi).max()))
-    assert bound == pytest.approx(best, abs=1e-5 * scale + 1e-6)  # float32 arithmetic
+    assert bound == pytest.approx(best, rel=0, abs=dot_bound(5, scale))  # as above, D=3
 
 
 def test_minmax_digest_hand_case() -> None:

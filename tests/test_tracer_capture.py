@@ -98,6 +98,9 @@ def test_attention_from_trace_matches_eager(traced):
                 worst = max(worst, float(np.abs(mine - eager_row[h]).max()))
                 checked += 1
     assert checked == m.n_layers * m.n_q_heads * len(trace.query_positions)
+    # not an a-priori bound: the eager run's deeper-layer queries and keys differ from the traced
+    # (sdpa) ones by rounding propagated through the network; measured worst 1.7e-9 here, and the
+    # test passes under every kernel configuration of scripts/check_numerics.sh
     assert worst < 1e-5, worst
     # the observation window: the last 32 prompt positions (AudioKV's window, WnW App. F),
     # audio included when fewer than 32 positions follow the audio (Voxtral's transcription prompt)
@@ -124,8 +127,9 @@ def test_keys_and_values_equal_the_models_kv_cache(traced):
         ck = cache.layers[layer].keys[0].numpy()
         cv = cache.layers[layer].values[0].numpy()
         assert ck.shape == (m.n_kv_heads, trace.meta.n_positions, m.head_dim)
-        np.testing.assert_allclose(np.asarray(trace.keys(layer)), ck, atol=1e-6, rtol=0)
-        np.testing.assert_allclose(np.asarray(trace.values(layer)), cv, atol=1e-6, rtol=0)
+        # exact: the trace stores the stock model's own cache, computed by the same kernels
+        np.testing.assert_allclose(np.asarray(trace.keys(layer)), ck, atol=0, rtol=0)
+        np.testing.assert_allclose(np.asarray(trace.values(layer)), cv, atol=0, rtol=0)
     assert len(set(trace.meta.provenance["generation"]["token_ids"])) > 1
 
 
