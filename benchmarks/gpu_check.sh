@@ -6,7 +6,7 @@
 #      vs eager attention at prefill and every decode step (fp32: must be < 1e-5; bf16: reported).
 #
 # Preparation on the CPU machine (the GPU image lacks these packages; see
-# /work/.library/device/README.md): download py3.12 manylinux wheels into .whl/ for
+# the GPU machine's instructions): download py3.12 manylinux wheels into .whl/ for
 #   polars soundfile mistral-common pydantic pydantic-core pydantic-extra-types pycountry soxr
 #   jsonschema referencing rpds-py jsonschema-specifications annotated-types typing-inspection
 # and run with carry [".whl"]:  bash benchmarks/gpu_check.sh

@@ -10,7 +10,7 @@
 #      emulation == physical offload token for token.
 #
 # Preparation on the CPU machine (the GPU image lacks some packages; see
-# /work/.library/device/README.md): py3.12 manylinux wheels of polars==2.1.0 and
+# the GPU machine's instructions): py3.12 manylinux wheels of polars==2.1.0 and
 # polars-runtime-32==2.1.0 in .whl/ (the image has torch, transformers 5.17, numpy, rich, typer,
 # sacrebleu, safetensors; the bench needs nothing else), run with carry [".whl"]:
 #   bash benchmarks/gpu_live.sh

@@ -34,7 +34,7 @@ def _register_commands() -> None:
 
 def set_single_thread() -> None:
     """One intra-op thread: measured ~20x faster than 2 OpenMP threads for small decode
-    steps on these CPUs (shared/notes). Respect an explicit user setting."""
+    steps on 2-core CPUs than 2 OpenMP threads). Respect an explicit user setting."""
     if "torch" in sys.modules:
         import torch
 

@@ -2,13 +2,13 @@
 
 A function registered with ``transformers.AttentionInterface`` under :data:`LIVE_ATTN` (and
 ``sdpa_mask`` under the same name in ``AttentionMaskInterface``, so padded inputs keep their
-mask; shared/notes "Capturing attention without eager mode") receives, per decoder layer and
+mask) receives, per decoder layer and
 call, the post-RoPE ``query`` and the cached ``key``/``value``. With no active
 :class:`~kvsim.live.session.LiveSession` it is exactly the stock sdpa function; with one, the
 session decides per call (prefill: record the observation window and run full attention; decode:
 merge the per-(layer, KV-head) keep-mask of the policy into the attention).
 
-Eviction emulation (shared/notes "Eviction emulation"): a boolean keep-mask of shape
+Eviction emulation (docs/live.md): a boolean keep-mask of shape
 (H_kv, N) gives exactly zero attention mass to evicted positions; q-head ``h`` reads KV-head
 ``h // (H_q / H_kv)``. When nothing is masked the stock path is taken unchanged, which is the
 only way to stay bit-identical to plain generation (an all-True mask switches sdpa kernels).

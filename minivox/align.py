@@ -17,7 +17,7 @@ tokens that occur in the training transcripts (8k of SmolLM2's 49k) plus the bla
 
 Usage::
 
-    python -m kvsim.minivox.align --data /work/data/minivox --out /work/data/minivox/align.safetensors
+    python -m kvsim.minivox.align --data data/minivox --out data/minivox/align.safetensors
 """
 
 from __future__ import annotations
@@ -126,8 +126,8 @@ def load_split(data: Path, splits: list[str], tok, cache: Path, encode):
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="stage-1 projector alignment (CTC via the embedding table)")
-    ap.add_argument("--data", type=Path, default=Path("/work/data/minivox"))
-    ap.add_argument("--out", type=Path, default=Path("/work/data/minivox/align.safetensors"))
+    ap.add_argument("--data", type=Path, default=Path("data/minivox"))
+    ap.add_argument("--out", type=Path, default=Path("data/minivox/align.safetensors"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--epochs", type=float, default=6.0)
     ap.add_argument("--batch-tokens", type=int, default=6000,

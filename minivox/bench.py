@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m kvsim.minivox.bench --audio /work/data/minivox/audio/test_long/test_long-00000.flac \\
+    python -m kvsim.minivox.bench --audio data/minivox/audio/test_long/test_long-00000.flac \\
         --seconds 120 --new-tokens 64
 """
 

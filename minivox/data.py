@@ -14,7 +14,7 @@ pauses (0.25-0.9 s) between them; word timings come from espeak's phoneme events
 
 Usage::
 
-    python -m kvsim.minivox.data --out /work/data/minivox --seed 0
+    python -m kvsim.minivox.data --out data/minivox --seed 0
 
 writes ``<out>/audio/<split>/<id>.flac`` (16 kHz mono) and ``<out>/manifest.parquet`` with
 columns ``id, split, audio_path (relative to out), duration, text, words, word_start,
@@ -333,7 +333,7 @@ def read_manifest(root: str | Path, split: str | None = None):
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("/work/data/minivox"))
+    ap.add_argument("--out", type=Path, default=Path("data/minivox"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--splits", nargs="*", default=None, help="only these splits")
     ap.add_argument("--n-train", type=int, default=None, help="override the train clip count")

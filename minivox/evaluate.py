@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m kvsim.minivox.evaluate --data /work/data/minivox \\
+    python -m kvsim.minivox.evaluate --data data/minivox \\
         --splits test_30_60 test_long [--adapter PATH] [--limit N] [--out results.jsonl]
 
 Prints per-clip WER, decode ms/token and per-split corpus WER.
@@ -76,7 +76,7 @@ def summarise(files: list[Path]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="minivox full-cache greedy WER on held-out sets")
-    ap.add_argument("--data", type=Path, default=Path("/work/data/minivox"))
+    ap.add_argument("--data", type=Path, default=Path("data/minivox"))
     ap.add_argument("--splits", nargs="+", default=["test_30_60", "test_long"])
     ap.add_argument("--adapter", type=Path, default=None)
     ap.add_argument("--limit", type=int, default=None)

@@ -6,7 +6,7 @@ only (the prompt and audio positions are not scored).
 
 Usage::
 
-    python -m kvsim.minivox.train --data /work/data/minivox --run /work/data/minivox/run \\
+    python -m kvsim.minivox.train --data data/minivox --run data/minivox/run \\
         --seed 0 --steps 700 --batch 4
 
 Resumes from ``<run>/last.pt`` when present; every ``--eval-every`` steps prints dev WER
@@ -428,8 +428,8 @@ def prefill_cache(data: Path, split: str, shard: tuple[int, int] = (0, 1)) -> No
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Train the minivox projector + LoRA on CPU.")
-    ap.add_argument("--data", type=Path, default=Path("/work/data/minivox"))
-    ap.add_argument("--run", type=Path, default=Path("/work/data/minivox/run"))
+    ap.add_argument("--data", type=Path, default=Path("data/minivox"))
+    ap.add_argument("--run", type=Path, default=Path("data/minivox/run"))
     ap.add_argument("--export", action="store_true", help=f"copy the best adapter to {REPO_WEIGHTS}")
     ap.add_argument("--init-projector", type=Path, default=None,
                     help="projector weights from stage-1 alignment (kvsim.minivox.align)")

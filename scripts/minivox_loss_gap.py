@@ -50,7 +50,7 @@ def transcript_loss(model, proc, rows: list[dict], cache: Path) -> tuple[float, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("adapters", nargs="+", type=Path)
-    ap.add_argument("--data", type=Path, default=Path("/work/data/minivox"))
+    ap.add_argument("--data", type=Path, default=Path("data/minivox"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     sets = {

@@ -29,7 +29,7 @@ def mv():
 
     from kvsim.live.data import load_dataset
 
-    root = Path("/work/data/minivox")
+    root = Path("data/minivox")
     if (root / "manifest.parquet").exists():
         item = load_dataset("manifest", root, split="test_30_60", limit=1)[0]
         audio, ref = item.load()

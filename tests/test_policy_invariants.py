@@ -1,4 +1,4 @@
-"""Property tests of the policy protocol's invariants (DESIGN.md) for EVERY registered policy.
+"""Property tests of the policy protocol's invariants (docs/design.md) for EVERY registered policy.
 
 Each policy found by ``policies.available()`` (so policies added later are covered without
 editing this file) is replayed by the real engine over random tiny synthetic traces, at random

@@ -4,7 +4,7 @@ Every case synthesises a small trace (real q/k, ``kvsim.synth``), replays it wit
 engine (which itself checks dtype/shape, GONE absorbing and ``gpu_capacity`` at every step)
 and then checks, on the recorded tiers after prefill and after every step:
 
-* DESIGN.md invariants: GONE absorbing; a position becomes GPU only from GPU or CPU;
+* protocol invariants (docs/design.md): GONE absorbing; a position becomes GPU only from GPU or CPU;
   the GPU budget ``floor(r · L · H_kv · T_a)`` holds at every step; r_GPU <= r_GPU+CPU <= 1;
 * WnW: anchors keep everything; fixed heads never recall (never CPU, never change); tidal
   heads never lose a position (never GONE) and keep their prefill subset on GPU; only tidal

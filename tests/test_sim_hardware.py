@@ -321,7 +321,7 @@ def test_workload_shapes():
 
 
 def test_counting_transfers_matters_as_much_as_bytes():
-    """DESIGN.md: 480 small copies at ~5 us cost more than 1 MB at 50 GB/s."""
+    """docs/simulator.md: 480 small copies at ~5 us cost more than 1 MB at 50 GB/s."""
     gpu, model = gpu_preset("h100-sxm"), model_preset("voxtral-mini-3b")
     tokens = 1_000_000 // model.kv_bytes_per_head_token  # ~1 MB
     many = simulate_workload(_one_copy_workload(model, tokens, 480), gpu, "sync-run", model=model)

@@ -44,7 +44,7 @@ def test_unknown_model_lists_presets():
 
 
 def test_kv_bytes_match_notes():
-    # shared/notes/verified-facts.md: Voxtral-mini 122,880 B/token; Qwen2.5-Omni-3B 36,864
+    # 2 (K, V) x layers x kv-heads x head dim x 2 bytes: Voxtral-mini 122,880 B/token; Qwen2.5-Omni-3B 36,864
     assert model_preset("voxtral-mini-3b").kv_bytes_per_token == 122_880
     assert model_preset("qwen2.5-omni-3b").kv_bytes_per_token == 36_864
     assert model_preset("voxtral-mini-3b").kv_bytes_per_head_token == 512  # WnW hint: 2*128*2

@@ -31,7 +31,7 @@ def register_trace_attention() -> str:
 
     The mask function is registered under the same name as sdpa's (``sdpa_mask``): without it
     transformers would build no mask for a custom implementation and padded inputs would get
-    wrong logits (shared/notes/verified-facts.md).
+    wrong logits (transformers routes the mask by the attention function's name).
     """
     global _REGISTERED
     if _REGISTERED:

@@ -1,6 +1,6 @@
 """Fit preset constants to microbenchmark measurements, and run those benchmarks on CUDA.
 
-Fits (DESIGN.md §The hardware model: "calibration fits presets to measurements"):
+Fits (docs/simulator.md: calibration fits presets to measurements):
 
 - :func:`fit_transfer` — ``t = alpha + B / beta`` over a 4 KiB..1 GiB copy sweep, weighted
   least squares on relative error (small copies fix alpha, large ones beta);

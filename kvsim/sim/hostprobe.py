@@ -1,7 +1,7 @@
 """Measure the host cost of eager Hugging Face decode steps (no GPU needed).
 
 The WnW paper's ~27 ms/token on a 3B model is far above the HBM floor: eager decoding is
-host-bound (DESIGN.md §The hardware model). This probe measures the host side directly: it
+host-bound (docs/simulator.md). This probe measures the host side directly: it
 builds Llama decoders with the target layer layout but tiny widths and a short context (so
 arithmetic and memory traffic are negligible), times greedy decode steps on one CPU thread,
 and counts the ATen operators a step dispatches. Two depths separate the per-layer cost from

@@ -1,7 +1,7 @@
 """Hardware, model and host-runtime presets: TOML data files with a cited source per number.
 
 A preset file has one table of values and a ``[sources]`` table that names where every numeric
-value comes from (a URL, a datasheet, a note in ``shared/notes``, a measurement command, or an
+value comes from (a URL, a datasheet, a measurement command, or an
 explicit ``assumption: ...``). Loading validates the file: every required field is present,
 numeric fields are positive (fractions in (0, 1]), units are implied by the field-name suffix
 (``_gib``, ``_gbps``, ``_us``, ``_tflops``) and a value may instead be written with a unit
@@ -26,7 +26,7 @@ class PresetError(ValueError):
 
 @dataclass(frozen=True)
 class GpuPreset:
-    """One GPU and its host link (DESIGN.md §The hardware model: HBM and PCIe entities).
+    """One GPU and its host link (docs/simulator.md: HBM and PCIe entities).
 
     Units: capacities in GiB, bandwidths in GB/s (1e9 B/s), times in microseconds.
     """

