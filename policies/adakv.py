@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies._allocation import allocate
+from policies._params import POOLINGS, require_choice, require_int, require_real
 from policies._scoring import pooled_window_scores, uniform_head_budget
 from policies.base import (
     Policy,
@@ -90,8 +91,11 @@ class AdaKV(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (0.0 <= self.floor_alpha <= 1.0):
-            raise ValueError(f"adakv: floor_alpha must be in [0, 1], got {self.floor_alpha}")
+        n = self.name
+        require_int(n, "window", self.window, lo=1)
+        require_int(n, "kernel", self.kernel, lo=1)
+        require_choice(n, "pooling", self.pooling, POOLINGS)
+        require_real(n, "floor_alpha", self.floor_alpha, lo=0, hi=1)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         scores, ranks = pooled_window_scores(ctx, view, self.window, self.kernel, self.pooling)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policies._params import require_bool, require_int
 from policies._scoring import uniform_head_budget, window_scores
 from policies.base import Policy, PolicyContext, PrefillView, Tier
 from policies.registry import register
@@ -55,8 +56,10 @@ class ChunkKV(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_size < 1:
-            raise ValueError(f"chunkkv: chunk_size must be >= 1, got {self.chunk_size}")
+        n = self.name
+        require_int(n, "chunk_size", self.chunk_size, lo=1)
+        require_int(n, "window", self.window, lo=1)
+        require_bool(n, "share_heads", self.share_heads)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         scores = window_scores(ctx, view, self.window)  # (L, H_kv, T_a)

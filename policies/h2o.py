@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policies._params import require_int, require_real
 from policies._scoring import uniform_head_budget, window_scores
 from policies.base import (
     Policy,
@@ -67,10 +68,9 @@ class H2O(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 <= self.recent_fraction <= 1.0:
-            raise ValueError(f"h2o: recent_fraction must be in [0, 1], got {self.recent_fraction}")
-        if self.window < 0:
-            raise ValueError(f"h2o: window must be >= 0, got {self.window}")
+        n = self.name
+        require_real(n, "recent_fraction", self.recent_fraction, lo=0, hi=1)
+        require_int(n, "window", self.window, lo=0)  # 0 = every observation query (H2O)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         self._group = ctx.heads.group

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies._allocation import allocate
+from policies._params import POOLINGS, require_choice, require_int, require_real
 from policies._scoring import pooled_window_scores, uniform_head_budget
 from policies.base import Policy, PolicyContext, PrefillView, Tier, topk_from_ranks
 from policies.registry import register
@@ -66,8 +67,11 @@ class PyramidKV(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.beta < 1.0:
-            raise ValueError(f"pyramidkv: beta must be >= 1, got {self.beta}")
+        n = self.name
+        require_real(n, "beta", self.beta, lo=1)
+        require_int(n, "window", self.window, lo=1)
+        require_int(n, "kernel", self.kernel, lo=1)
+        require_choice(n, "pooling", self.pooling, POOLINGS)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         _, ranks = pooled_window_scores(ctx, view, self.window, self.kernel, self.pooling)

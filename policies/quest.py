@@ -31,6 +31,7 @@ from policies._pages import (
     reduce_group,
     top_pages,
 )
+from policies._params import GROUP_REDUCES, require_choice, require_int
 from policies.base import (
     Policy,
     PolicyContext,
@@ -74,12 +75,10 @@ class Quest(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.page_size < 1:
-            raise ValueError(f"quest: page_size must be >= 1, got {self.page_size}")
-        if self.group_reduce not in ("max", "mean", "sum"):
-            raise ValueError(
-                f"quest: group_reduce must be max, mean or sum, got {self.group_reduce!r}"
-            )
+        n = self.name
+        require_int(n, "page_size", self.page_size, lo=1)
+        require_choice(n, "group_reduce", self.group_reduce, GROUP_REDUCES)
+        require_int(n, "dense_layers", self.dense_layers, lo=0)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         self._n_audio = ctx.n_audio

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policies._params import require_int
 from policies._scoring import uniform_head_budget
 from policies.base import (
     Policy,
@@ -39,6 +40,11 @@ class RandomPolicy(Policy):
     paper = "Control: uniformly random audio KV eviction (WnW §2.1 random baseline)"
 
     salt: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.name
+        require_int(n, "salt", self.salt)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         budget = uniform_head_budget(ctx, self.budget)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policies._params import POOLINGS, require_choice, require_int
 from policies._scoring import pooled_window_scores, uniform_head_budget
 from policies.base import Policy, PolicyContext, PrefillView, Tier, topk_from_ranks
 from policies.registry import register
@@ -38,6 +39,13 @@ class SnapKV(Policy):
     window: int = 32
     kernel: int = 7
     pooling: str = "avg"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.name
+        require_int(n, "window", self.window, lo=1)
+        require_int(n, "kernel", self.kernel, lo=1)
+        require_choice(n, "pooling", self.pooling, POOLINGS)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         _, ranks = pooled_window_scores(ctx, view, self.window, self.kernel, self.pooling)

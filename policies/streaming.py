@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policies._params import require_int
 from policies._scoring import uniform_head_budget
 from policies.base import Policy, PolicyContext, PrefillView, Tier, full_tiers
 from policies.registry import register
@@ -30,6 +31,11 @@ class StreamingLLM(Policy):
     paper = "Xiao et al., Efficient Streaming Language Models with Attention Sinks, ICLR 2024"
 
     n_sink: int = 4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.name
+        require_int(n, "n_sink", self.n_sink, lo=0)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         budget = uniform_head_budget(ctx, self.budget)
