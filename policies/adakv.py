@@ -72,7 +72,8 @@ class AdaKV(Policy):
     Parameters
     ----------
     window : int
-        Observation-window queries (SnapKV / Ada-KV default 32).
+        Observation-window queries (32: the SnapKV reference code's ``window_size``, which
+        Ada-KV's SnapKV-based scoring uses).
     kernel : int
         Pooling kernel (WnW App. F: 7).
     pooling : str

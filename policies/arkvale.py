@@ -78,11 +78,12 @@ class ArkVale(Policy):
     Parameters
     ----------
     page_size : int
-        Tokens per page (ArkVale default 32).
+        Tokens per page (WnW App. F: "Page size 32", ArkVale's default).
     n_sink_pages : int
-        Pages at the start of the audio that are always resident.
+        Pages at the start of the audio that are always resident (1: the reference code keeps
+        sink and window pages; under the audio-only scope one page each, see above).
     n_window_pages : int
-        Pages at the end of the audio that are always resident.
+        Pages at the end of the audio that are always resident (1, as ``n_sink_pages``).
     topk_fraction : float
         Top-k pages that must be resident each step, as a fraction of the page budget
         (before subtracting sink and window pages); 0.5 as in the reference code.

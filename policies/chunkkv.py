@@ -36,9 +36,10 @@ class ChunkKV(Policy):
     Parameters
     ----------
     chunk_size : int
-        Tokens per chunk (ChunkKV default 10).
+        Tokens per chunk (ChunkKV: chunk size 10, its default).
     window : int
-        Observation-window length (last prompt queries; SnapKV's 32, which ChunkKV builds on).
+        Observation-window length (last prompt queries; 32 as the SnapKV reference code's
+        ``window_size``, which ChunkKV's scoring builds on).
     share_heads : bool
         Rank chunks once per layer from attention summed over heads (ChunkKV); False ranks
         them per KV-head.

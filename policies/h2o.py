@@ -50,10 +50,11 @@ class H2O(Policy):
     Parameters
     ----------
     recent_fraction : float
-        Share of the per-head budget given to the recent window (H2O default 0.5: heavy and
-        recent ratios are equal).
+        Share of the per-head budget given to the recent window (H2O's experiments split the
+        cache evenly between heavy hitters and recent tokens: heavy ratio = recent ratio).
     window : int
-        Observation queries that seed the accumulated scores at prefill (0 = all of them).
+        Observation queries that seed the accumulated scores at prefill (0 = all of them, as
+        H2O accumulates over every query; a positive value uses the last ``window``).
     """
 
     name = "h2o"

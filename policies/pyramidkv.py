@@ -47,14 +47,16 @@ class PyramidKV(Policy):
     Parameters
     ----------
     beta : float
-        Ratio b_mean / b_min of the pyramid (PyramidKV default 20); must be >= 1
-        (beta = 1 is a flat, SnapKV-like allocation).
+        Ratio b_mean / b_min of the pyramid (the PyramidKV reference code's ``beta = 20``);
+        must be >= 1 (beta = 1 is a flat, SnapKV-like allocation).
     window : int
-        Observation-window queries (32, as for ``snapkv``).
+        Observation-window queries (32, as for ``snapkv``; the PyramidKV reference code's
+        ``PyramidKVCluster`` default is 64). Deliberately shared with ``snapkv`` so that the
+        two differ only in the layer allocation.
     kernel : int
-        Pooling kernel (7).
+        Pooling kernel (7, as for ``snapkv``; the PyramidKV reference default is 5).
     pooling : str
-        ``"avg"`` or ``"max"``.
+        ``"avg"`` (the reference's ``avgpool``) or ``"max"``.
     """
 
     name = "pyramidkv"

@@ -52,12 +52,13 @@ class Quest(Policy):
     Parameters
     ----------
     page_size : int
-        Tokens per page (Quest default 16).
+        Tokens per page (Quest: 16-token pages, its default).
     group_reduce : str
         How the per-q-head bounds of a GQA group are combined: ``max`` (default), ``mean``
         or ``sum``.
     dense_layers : int
-        The first ``dense_layers`` layers read every page (Quest's experiments use 2).
+        The first ``dense_layers`` layers read every page (Quest's experiments use 2; kvsim
+        defaults to 0 deliberately, so that every policy compresses every layer).
     """
 
     name = "quest"

@@ -33,7 +33,8 @@ class RandomPolicy(Policy):
     Parameters
     ----------
     salt : int
-        Mixed with ``ctx.seed`` to draw independent subsets at the same seed.
+        Mixed with ``ctx.seed`` to draw independent subsets at the same seed (0; a control,
+        no paper value).
     """
 
     name = "random"

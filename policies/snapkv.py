@@ -26,11 +26,18 @@ class SnapKV(Policy):
     Parameters
     ----------
     window : int
-        Observation-window length (last prompt queries; SnapKV default 32).
+        Observation-window length, last prompt queries (32: the SnapKV reference code's
+        ``init_snapkv`` default ``window_size = 32``; NVIDIA kvpress's ``SnapKVPress`` uses 64).
     kernel : int
-        Pooling kernel size (SnapKV default 7).
+        Pooling kernel size (7: WnW App. F's kernel for Ada-KV, which scores with SnapKV, so
+        that ``snapkv`` and ``adakv`` differ only in allocation and pooling). Deliberately
+        not the SnapKV reference code's and kvpress's ``kernel_size = 5``; pass ``kernel=5``
+        for theirs.
     pooling : str
-        ``"avg"`` (SnapKV default) or ``"max"``.
+        ``"avg"`` (the SnapKV reference code's ``avgpool``, also kvpress's) or ``"max"``.
+
+    Scope: kvpress pools and selects over the whole prompt (minus the window); here only the
+    audio span is scored and compressed (WnW §3.3), the text is always kept.
     """
 
     name = "snapkv"

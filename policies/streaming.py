@@ -24,7 +24,8 @@ class StreamingLLM(Policy):
     Parameters
     ----------
     n_sink : int
-        Attention-sink tokens at the start of the audio (StreamingLLM uses 4).
+        Attention-sink tokens at the start of the audio (StreamingLLM keeps 4 initial tokens as
+        attention sinks, its default).
     """
 
     name = "streaming"

@@ -96,12 +96,12 @@ class VoxZip(Policy):
     Parameters
     ----------
     gamma : float
-        Decay factor γ (VoxZip §4.1 "empirically set to 0.95", Table 5's best; γ = 1 is
-        plain H2O-style accumulation).
+        Decay factor γ (VoxZip, experimental setup: "empirically set to 0.95", the best of
+        its Table 5 sweep; γ = 1 is plain H2O-style accumulation).
     n_sink : int
-        Attention-sink tokens T always kept (VoxZip §3.2 stage 2: "we empirically set T=4").
+        Attention-sink tokens T always kept (VoxZip stage 2: "we empirically set T=4").
     recent_fraction : float
-        Fraction of the budget given to the recent window M (VoxZip §3.2: "20% of the total
+        Fraction of the budget given to the recent window M (VoxZip stage 2: "20% of the total
         KV cache budget").
     scoring : str
         ``"head"`` (kvsim's default: per KV-head, GQA group summed) or ``"layer"`` (VoxZip's

@@ -123,9 +123,9 @@ def test_wnw_recall_moves_only_tidal_heads_from_cpu() -> None:
 # ----------------------------------------------------------------------------- VoxZip
 def test_voxzip_defaults_are_the_papers() -> None:
     d = _defaults("voxzip")
-    assert d["gamma"] == 0.95  # VoxZip §4.1 "γ ... is empirically set to 0.95"
-    assert d["n_sink"] == 4  # VoxZip §3.2 "we empirically set T=4"
-    assert d["recent_fraction"] == 0.2  # VoxZip §3.2 "20% of the total KV cache budget"
+    assert d["gamma"] == 0.95  # VoxZip, experimental setup: "γ ... is empirically set to 0.95"
+    assert d["n_sink"] == 4  # VoxZip stage 2 "we empirically set T=4"
+    assert d["recent_fraction"] == 0.2  # VoxZip stage 2 "20% of the total KV cache budget"
 
 
 def test_voxzip_decay_is_gamma_times_padded_previous_plus_attention() -> None:
@@ -135,7 +135,7 @@ def test_voxzip_decay_is_gamma_times_padded_previous_plus_attention() -> None:
 
 
 def test_voxzip_keeps_sinks_and_recent_window_whatever_their_score() -> None:
-    """VoxZip §3.2: "unconditionally preserve the first T attention sink tokens and the latest
+    """VoxZip stage 2: "unconditionally preserve the first T attention sink tokens and the latest
     M recent tokens"; M = 20% of the budget, the rest is top-N by score."""
     scores = np.zeros((1, 100))
     scores[0, 40:60] = 1.0  # all the score mass in the middle
@@ -145,7 +145,7 @@ def test_voxzip_keeps_sinks_and_recent_window_whatever_their_score() -> None:
 
 
 def test_voxzip_layer_scoring_shares_one_vector_per_layer() -> None:
-    """VoxZip §3.2 "operating independently per layer, the ... score vector A ∈ R^{1×t}"."""
+    """VoxZip stage 2 "operating independently per layer, the ... score vector A ∈ R^{1×t}"."""
     ctx = make_ctx(2, 4, 2, 60)
     view = random_prefill(ctx)
     layer = make("voxzip", 0.3, scoring="layer")
@@ -172,14 +172,14 @@ def test_audiokv_defaults_are_wnw_appendix_f() -> None:
 
 def test_page_sizes() -> None:
     assert _defaults("arkvale")["page_size"] == 32  # App. F "Page size 32"
-    assert _defaults("quest")["page_size"] == 16  # Quest §4 "page size 16"
+    assert _defaults("quest")["page_size"] == 16  # Quest: 16-token pages
 
 
 def test_other_baseline_defaults() -> None:
-    assert _defaults("snapkv") == {"window": 32, "kernel": 7, "pooling": "avg"}  # SnapKV ref.
-    assert _defaults("streaming")["n_sink"] == 4  # StreamingLLM "4 attention sinks"
+    assert _defaults("snapkv") == {"window": 32, "kernel": 7, "pooling": "avg"}  # SnapKV ref. window 32, kernel 7 = App. F
+    assert _defaults("streaming")["n_sink"] == 4  # StreamingLLM: 4 initial tokens as sinks
     assert _defaults("h2o")["recent_fraction"] == 0.5  # H2O: heavy ratio = recent ratio
-    assert _defaults("chunkkv")["chunk_size"] == 10  # ChunkKV "chunk size 10"
+    assert _defaults("chunkkv")["chunk_size"] == 10  # ChunkKV: chunk size 10
     assert _defaults("pyramidkv")["beta"] == 20.0  # PyramidKV reference beta = 20
     assert _defaults("arkvale")["topk_fraction"] == 0.5  # ArkVale reference: half the budget
 
