@@ -229,8 +229,9 @@ class WnW(Policy):
         attempts = [(a, m0) for a in range(n_anchor, 0, -1)] + [(min(1, n_anchor), 0), (0, 0)]
         if n_anchor == 0:
             attempts = [(0, m0), (0, 0)]
-        a, m = next(((a, m) for a, m in attempts
-                     if a * ctx.n_audio + (n_heads - a) * m * n_seg <= budget), (0, 0))
+        # the last attempt, (0, 0), keeps nothing at λ = 0 and always fits
+        a, m = next((a, m) for a, m in attempts
+                    if a * ctx.n_audio + (n_heads - a) * m * n_seg <= budget)
         if (a, m) != (n_anchor, m0):
             warnings.warn(
                 f"wnw: at r={self.budget:g} the λ = 0 state of {n_anchor} anchors (all of T_a "

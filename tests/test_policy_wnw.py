@@ -106,6 +106,7 @@ def test_lambda_solve_is_the_largest_feasible_lambda() -> None:
         budget = int(r * n_total)
         res = solve_lambda(s, roles, seg_len, budget, reserve_segments=0, min_per_segment=1)
         assert res.prefill_gpu == count_prefill_gpu(s, roles, seg_len, res.lam, 1)
+        assert res.saturated is False
         assert res.prefill_gpu <= budget
         bigger = count_prefill_gpu(s, roles, seg_len, res.lam + 1e-6 / s[s > 0].min(), 1)
         assert bigger > budget  # maximal: any larger λ overshoots
@@ -147,7 +148,7 @@ def test_explicit_lambda_over_budget_is_a_clear_error() -> None:
 
 def test_missing_head_scores_is_a_clear_error() -> None:
     ctx = make_ctx()
-    with pytest.raises(MissingCalibrationError, match="calibration"):
+    with pytest.raises(MissingCalibrationError, match="policy 'wnw' needs per-head calibration"):
         _wnw(0.5).prefill(ctx, random_prefill(ctx))
 
 
