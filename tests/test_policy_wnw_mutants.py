@@ -169,3 +169,11 @@ def test_paper_capacity_is_prefill_plus_the_costliest_recallable_segments() -> N
     assert len(set(cost.tolist())) > 1  # unequal costs: the order matters
     worst = np.sort(cost)[::-1][: 2 * 1 * 2].sum()  # δ · top_k · segments per chunk
     assert pol.gpu_capacity() == int((tiers == Tier.GPU).sum()) + worst
+
+
+def test_lambda_solves_when_every_non_anchor_head_has_zero_importance() -> None:
+    """Retention is s̃·λ = 0 whatever λ: the solves must still return a finite λ."""
+    s, roles, seg_len = np.array([1.0, 0.0, 0.0]), np.array([ANCHOR, 1, 0]), np.array([25, 25])
+    res = solve_lambda(s, roles, seg_len, 60, 0, 0)
+    assert res.prefill_gpu == 50 and np.isfinite(res.lam)
+    assert np.isfinite(fit_lambda_mean([(s, roles, seg_len)], 0.4, 0))
