@@ -6,6 +6,7 @@ Kept apart from :mod:`kvsim.policies.wnw` so each piece can be unit-tested on ha
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,7 +133,8 @@ def retention(s_tilde: np.ndarray, lam: float) -> np.ndarray:
 def kept_per_segment(
     ret: np.ndarray, seg_len: np.ndarray, min_per_segment: int
 ) -> np.ndarray:
-    """Per-(head, segment) GPU quota ⌊retention · n_s⌋ (§2.3), at least ``min_per_segment``.
+    """Per-(head, segment) GPU quota ⌊retention · n_s⌋ (§2.3), at least ``min_per_segment``
+    (0 = the paper's formula, which may keep nothing of a segment).
 
     ``ret`` has shape (n_heads,); returns int64 (n_heads, n_segments), never above a segment's
     length (the last segment may be shorter than n_s).
@@ -209,3 +211,50 @@ def count_prefill_gpu(
     r = np.asarray(roles).ravel()
     kept = kept_per_segment(retention(s[r != ANCHOR], lam), seg_len, min_per_segment)
     return int((r == ANCHOR).sum()) * int(seg_len.sum()) + int(kept.sum())
+
+
+def fit_lambda_mean(
+    cases: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    target: float,
+    min_per_segment: int,
+    policy: str = "wnw",
+    tol: float = 1e-7,
+) -> float:
+    """Largest λ whose *mean* prefill retention over ``cases`` is at most ``target`` (§3.4).
+
+    Each case is ``(s_tilde, roles, seg_len)`` of one input; its prefill retention is
+    :func:`count_prefill_gpu` / (heads · T_a) (anchors keep all of T_a). With one case this
+    is the largest λ whose prefill fits ``floor(target · L · H_kv · T_a)``. The mean is
+    non-decreasing in λ, so bisection finds the boundary. Raises ``ValueError`` when even
+    λ = 0 (anchors plus the ``min_per_segment`` floor) exceeds the target.
+    """
+    if not cases:
+        raise ValueError(f"{policy}: no calibration inputs to fit λ on")
+
+    def fraction(case: tuple[np.ndarray, np.ndarray, np.ndarray], lam: float) -> float:
+        s, roles, seg_len = case
+        total = np.asarray(roles).size * int(seg_len.sum())
+        return count_prefill_gpu(s, roles, seg_len, lam, min_per_segment) / total
+
+    def fits(lam: float) -> bool:
+        return mean(lam) <= target + 1e-12  # float slack only: counts are integers
+
+    def mean(lam: float) -> float:
+        return float(np.mean([fraction(c, lam) for c in cases]))
+
+    if not fits(0.0):
+        raise ValueError(
+            f"{policy}: at λ = 0 the anchors (all of T_a) and the floor of {min_per_segment} "
+            f"token(s) per segment already keep {mean(0.0):.4f} of the audio KV, over the "
+            f"target r={target:g}; lower n_anchor or min_per_segment, or raise the budget"
+        )
+    positive = [np.ravel(s)[(np.ravel(r) != ANCHOR) & (np.ravel(s) > 0)] for s, r, _ in cases]
+    smallest = min((p.min() for p in positive if p.size), default=1.0)
+    lam_hi = 1.0 / smallest
+    if fits(lam_hi):
+        return lam_hi
+    lo, hi = 0.0, lam_hi
+    while hi - lo > tol * lam_hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo

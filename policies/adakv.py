@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from kvsim.policies._allocation import allocate
+from kvsim.policies._params import POOLINGS, require_choice, require_int, require_real
 from kvsim.policies._scoring import pooled_window_scores, uniform_head_budget
 from kvsim.policies.base import (
     Policy,
@@ -70,7 +71,8 @@ class AdaKV(Policy):
     Parameters
     ----------
     window : int
-        Observation-window queries (SnapKV / Ada-KV default 32).
+        Observation-window queries (32: the SnapKV reference code's ``window_size``, which
+        Ada-KV's SnapKV-based scoring uses).
     kernel : int
         Pooling kernel (WnW App. F: 7).
     pooling : str
@@ -89,8 +91,11 @@ class AdaKV(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (0.0 <= self.floor_alpha <= 1.0):
-            raise ValueError(f"adakv: floor_alpha must be in [0, 1], got {self.floor_alpha}")
+        n = self.name
+        require_int(n, "window", self.window, lo=1)
+        require_int(n, "kernel", self.kernel, lo=1)
+        require_choice(n, "pooling", self.pooling, POOLINGS)
+        require_real(n, "floor_alpha", self.floor_alpha, lo=0, hi=1)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         scores, ranks = pooled_window_scores(ctx, view, self.window, self.kernel, self.pooling)

@@ -52,6 +52,13 @@ from kvsim.policies._pages import (
     reduce_group,
     top_pages,
 )
+from kvsim.policies._params import (
+    GROUP_REDUCES,
+    require_bool,
+    require_choice,
+    require_int,
+    require_real,
+)
 from kvsim.policies.base import (
     Policy,
     PolicyContext,
@@ -76,11 +83,12 @@ class ArkVale(Policy):
     Parameters
     ----------
     page_size : int
-        Tokens per page (ArkVale default 32).
+        Tokens per page (WnW App. F: "Page size 32", ArkVale's default).
     n_sink_pages : int
-        Pages at the start of the audio that are always resident.
+        Pages at the start of the audio that are always resident (1: the reference code keeps
+        sink and window pages; under the audio-only scope one page each, see above).
     n_window_pages : int
-        Pages at the end of the audio that are always resident.
+        Pages at the end of the audio that are always resident (1, as ``n_sink_pages``).
     topk_fraction : float
         Top-k pages that must be resident each step, as a fraction of the page budget
         (before subtracting sink and window pages); 0.5 as in the reference code.
@@ -118,20 +126,15 @@ class ArkVale(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.page_size < 1:
-            raise ValueError(f"arkvale: page_size must be >= 1, got {self.page_size}")
-        if self.n_sink_pages < 0 or self.n_window_pages < 0:
-            raise ValueError("arkvale: n_sink_pages and n_window_pages must be >= 0")
-        if not 0.0 < self.topk_fraction <= 1.0:
-            raise ValueError(f"arkvale: topk_fraction must be in (0, 1], got {self.topk_fraction}")
-        if self.group_reduce not in ("max", "mean", "sum"):
-            raise ValueError(
-                f"arkvale: group_reduce must be max, mean or sum, got {self.group_reduce!r}"
-            )
-        if self.budget_unit not in ("tokens", "pages"):
-            raise ValueError(
-                f"arkvale: budget_unit must be tokens or pages, got {self.budget_unit!r}"
-            )
+        n = self.name
+        require_int(n, "page_size", self.page_size, lo=1)
+        require_int(n, "n_sink_pages", self.n_sink_pages, lo=0)
+        require_int(n, "n_window_pages", self.n_window_pages, lo=0)
+        require_real(n, "topk_fraction", self.topk_fraction, lo=0, hi=1, lo_open=True)
+        require_choice(n, "group_reduce", self.group_reduce, GROUP_REDUCES)
+        require_bool(n, "sparse_read", self.sparse_read)
+        require_choice(n, "budget_unit", self.budget_unit, ("tokens", "pages"))
+        require_bool(n, "share_heads", self.share_heads)
 
     # ----------------------------------------------------------------------------- prefill
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:

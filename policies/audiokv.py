@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from kvsim.policies._allocation import allocate, fft_lowpass
+from kvsim.policies._params import require_int, require_real
 from kvsim.policies._scoring import window_scores
 from kvsim.policies.base import (
     Policy,
@@ -80,12 +81,11 @@ class AudioKV(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (0.0 <= self.alpha <= 1.0):
-            raise ValueError(f"audiokv: alpha must be in [0, 1], got {self.alpha}")
-        if not (0.0 < self.rho <= 1.0):
-            raise ValueError(f"audiokv: rho must be in (0, 1], got {self.rho}")
-        if not (0.0 <= self.baseline_ratio <= 1.0):
-            raise ValueError(f"audiokv: baseline_ratio must be in [0, 1], got {self.baseline_ratio}")
+        n = self.name
+        require_real(n, "alpha", self.alpha, lo=0, hi=1)
+        require_real(n, "rho", self.rho, lo=0, hi=1, lo_open=True)
+        require_int(n, "window", self.window, lo=1)
+        require_real(n, "baseline_ratio", self.baseline_ratio, lo=0, hi=1)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         hs = ctx.require_head_scores(self.name)

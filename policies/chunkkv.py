@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from kvsim.policies._params import require_bool, require_int
 from kvsim.policies._scoring import uniform_head_budget, window_scores
 from kvsim.policies.base import Policy, PolicyContext, PrefillView, Tier
 from kvsim.policies.registry import register
@@ -34,9 +35,10 @@ class ChunkKV(Policy):
     Parameters
     ----------
     chunk_size : int
-        Tokens per chunk (ChunkKV default 10).
+        Tokens per chunk (ChunkKV: chunk size 10, its default).
     window : int
-        Observation-window length (last prompt queries; SnapKV's 32, which ChunkKV builds on).
+        Observation-window length (last prompt queries; 32 as the SnapKV reference code's
+        ``window_size``, which ChunkKV's scoring builds on).
     share_heads : bool
         Rank chunks once per layer from attention summed over heads (ChunkKV); False ranks
         them per KV-head.
@@ -54,8 +56,10 @@ class ChunkKV(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_size < 1:
-            raise ValueError(f"chunkkv: chunk_size must be >= 1, got {self.chunk_size}")
+        n = self.name
+        require_int(n, "chunk_size", self.chunk_size, lo=1)
+        require_int(n, "window", self.window, lo=1)
+        require_bool(n, "share_heads", self.share_heads)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         scores = window_scores(ctx, view, self.window)  # (L, H_kv, T_a)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from kvsim.policies._params import require_int, require_real
 from kvsim.policies._scoring import uniform_head_budget, window_scores
 from kvsim.policies.base import (
     Policy,
@@ -48,10 +49,11 @@ class H2O(Policy):
     Parameters
     ----------
     recent_fraction : float
-        Share of the per-head budget given to the recent window (H2O default 0.5: heavy and
-        recent ratios are equal).
+        Share of the per-head budget given to the recent window (H2O's experiments split the
+        cache evenly between heavy hitters and recent tokens: heavy ratio = recent ratio).
     window : int
-        Observation queries that seed the accumulated scores at prefill (0 = all of them).
+        Observation queries that seed the accumulated scores at prefill (0 = all of them, as
+        H2O accumulates over every query; a positive value uses the last ``window``).
     """
 
     name = "h2o"
@@ -66,10 +68,9 @@ class H2O(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 <= self.recent_fraction <= 1.0:
-            raise ValueError(f"h2o: recent_fraction must be in [0, 1], got {self.recent_fraction}")
-        if self.window < 0:
-            raise ValueError(f"h2o: window must be >= 0, got {self.window}")
+        n = self.name
+        require_real(n, "recent_fraction", self.recent_fraction, lo=0, hi=1)
+        require_int(n, "window", self.window, lo=0)  # 0 = every observation query (H2O)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         self._group = ctx.heads.group

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from kvsim.policies._allocation import allocate
+from kvsim.policies._params import POOLINGS, require_choice, require_int, require_real
 from kvsim.policies._scoring import pooled_window_scores, uniform_head_budget
 from kvsim.policies.base import Policy, PolicyContext, PrefillView, Tier, topk_from_ranks
 from kvsim.policies.registry import register
@@ -45,14 +46,16 @@ class PyramidKV(Policy):
     Parameters
     ----------
     beta : float
-        Ratio b_mean / b_min of the pyramid (PyramidKV default 20); must be >= 1
-        (beta = 1 is a flat, SnapKV-like allocation).
+        Ratio b_mean / b_min of the pyramid (the PyramidKV reference code's ``beta = 20``);
+        must be >= 1 (beta = 1 is a flat, SnapKV-like allocation).
     window : int
-        Observation-window queries (32, as for ``snapkv``).
+        Observation-window queries (32, as for ``snapkv``; the PyramidKV reference code's
+        ``PyramidKVCluster`` default is 64). Deliberately shared with ``snapkv`` so that the
+        two differ only in the layer allocation.
     kernel : int
-        Pooling kernel (7).
+        Pooling kernel (7, as for ``snapkv``; the PyramidKV reference default is 5).
     pooling : str
-        ``"avg"`` or ``"max"``.
+        ``"avg"`` (the reference's ``avgpool``) or ``"max"``.
     """
 
     name = "pyramidkv"
@@ -65,8 +68,11 @@ class PyramidKV(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.beta < 1.0:
-            raise ValueError(f"pyramidkv: beta must be >= 1, got {self.beta}")
+        n = self.name
+        require_real(n, "beta", self.beta, lo=1)
+        require_int(n, "window", self.window, lo=1)
+        require_int(n, "kernel", self.kernel, lo=1)
+        require_choice(n, "pooling", self.pooling, POOLINGS)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         _, ranks = pooled_window_scores(ctx, view, self.window, self.kernel, self.pooling)

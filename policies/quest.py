@@ -30,6 +30,7 @@ from kvsim.policies._pages import (
     reduce_group,
     top_pages,
 )
+from kvsim.policies._params import GROUP_REDUCES, require_choice, require_int
 from kvsim.policies.base import (
     Policy,
     PolicyContext,
@@ -50,12 +51,13 @@ class Quest(Policy):
     Parameters
     ----------
     page_size : int
-        Tokens per page (Quest default 16).
+        Tokens per page (Quest: 16-token pages, its default).
     group_reduce : str
         How the per-q-head bounds of a GQA group are combined: ``max`` (default), ``mean``
         or ``sum``.
     dense_layers : int
-        The first ``dense_layers`` layers read every page (Quest's experiments use 2).
+        The first ``dense_layers`` layers read every page (Quest's experiments use 2; kvsim
+        defaults to 0 deliberately, so that every policy compresses every layer).
     """
 
     name = "quest"
@@ -73,12 +75,10 @@ class Quest(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.page_size < 1:
-            raise ValueError(f"quest: page_size must be >= 1, got {self.page_size}")
-        if self.group_reduce not in ("max", "mean", "sum"):
-            raise ValueError(
-                f"quest: group_reduce must be max, mean or sum, got {self.group_reduce!r}"
-            )
+        n = self.name
+        require_int(n, "page_size", self.page_size, lo=1)
+        require_choice(n, "group_reduce", self.group_reduce, GROUP_REDUCES)
+        require_int(n, "dense_layers", self.dense_layers, lo=0)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         self._n_audio = ctx.n_audio

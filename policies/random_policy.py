@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from kvsim.policies._params import require_int
 from kvsim.policies._scoring import uniform_head_budget
 from kvsim.policies.base import (
     Policy,
@@ -31,13 +32,19 @@ class RandomPolicy(Policy):
     Parameters
     ----------
     salt : int
-        Mixed with ``ctx.seed`` to draw independent subsets at the same seed.
+        Mixed with ``ctx.seed`` to draw independent subsets at the same seed (0; a control,
+        no paper value).
     """
 
     name = "random"
     paper = "Control: uniformly random audio KV eviction (WnW §2.1 random baseline)"
 
     salt: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.name
+        require_int(n, "salt", self.salt)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         budget = uniform_head_budget(ctx, self.budget)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from kvsim.policies._params import POOLINGS, require_choice, require_int
 from kvsim.policies._scoring import pooled_window_scores, uniform_head_budget
 from kvsim.policies.base import Policy, PolicyContext, PrefillView, Tier, topk_from_ranks
 from kvsim.policies.registry import register
@@ -24,11 +25,18 @@ class SnapKV(Policy):
     Parameters
     ----------
     window : int
-        Observation-window length (last prompt queries; SnapKV default 32).
+        Observation-window length, last prompt queries (32: the SnapKV reference code's
+        ``init_snapkv`` default ``window_size = 32``; NVIDIA kvpress's ``SnapKVPress`` uses 64).
     kernel : int
-        Pooling kernel size (SnapKV default 7).
+        Pooling kernel size (7: WnW App. F's kernel for Ada-KV, which scores with SnapKV, so
+        that ``snapkv`` and ``adakv`` differ only in allocation and pooling). Deliberately
+        not the SnapKV reference code's and kvpress's ``kernel_size = 5``; pass ``kernel=5``
+        for theirs.
     pooling : str
-        ``"avg"`` (SnapKV default) or ``"max"``.
+        ``"avg"`` (the SnapKV reference code's ``avgpool``, also kvpress's) or ``"max"``.
+
+    Scope: kvpress pools and selects over the whole prompt (minus the window); here only the
+    audio span is scored and compressed (WnW §3.3), the text is always kept.
     """
 
     name = "snapkv"
@@ -37,6 +45,13 @@ class SnapKV(Policy):
     window: int = 32
     kernel: int = 7
     pooling: str = "avg"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.name
+        require_int(n, "window", self.window, lo=1)
+        require_int(n, "kernel", self.kernel, lo=1)
+        require_choice(n, "pooling", self.pooling, POOLINGS)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         _, ranks = pooled_window_scores(ctx, view, self.window, self.kernel, self.pooling)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from kvsim.policies._params import require_int
 from kvsim.policies._scoring import uniform_head_budget
 from kvsim.policies.base import Policy, PolicyContext, PrefillView, Tier, full_tiers
 from kvsim.policies.registry import register
@@ -22,13 +23,19 @@ class StreamingLLM(Policy):
     Parameters
     ----------
     n_sink : int
-        Attention-sink tokens at the start of the audio (StreamingLLM uses 4).
+        Attention-sink tokens at the start of the audio (StreamingLLM keeps 4 initial tokens as
+        attention sinks, its default).
     """
 
     name = "streaming"
     paper = "Xiao et al., Efficient Streaming Language Models with Attention Sinks, ICLR 2024"
 
     n_sink: int = 4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.name
+        require_int(n, "n_sink", self.n_sink, lo=0)
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         budget = uniform_head_budget(ctx, self.budget)

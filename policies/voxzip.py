@@ -5,8 +5,14 @@ VoxZip §"dynamic KV cache eviction": per layer, the time-decayed accumulated sc
 ``T = 4`` attention-sink tokens, a recent window holding 20% of the budget, and the top-N
 remaining tokens by ``A``. Our adaptation:
 
-* per (layer, KV-head): the softmax rows of the g q-heads of a GQA group are **summed** (the
-  group shares one KV set, as in SnapKV's voting); the sum is what the recurrence adds;
+* scoring (``scoring``): VoxZip keeps one score vector *per layer* ("operating independently
+  per layer, the time-decayed accumulated score vector A^(t) ∈ R^{1×t}"), which ``"layer"``
+  reproduces: the softmax rows of every q-head of the layer are summed and all KV-heads of
+  the layer keep the same positions. kvsim's default ``"head"`` scores per (layer, KV-head):
+  the rows of the g q-heads of a GQA group are summed (the group shares one KV set, as in
+  SnapKV's voting), so each KV-head keeps what its own queries attend to — the granularity
+  of every other score-based policy here (SnapKV, Ada-KV, PyramidKV, AudioKV), which keeps
+  the comparison about scores rather than granularity;
 * budget per (layer, KV-head): ``b = floor(r · T_a)``; sinks = the first ``min(T, b)``
   audio tokens, recent window = the last ``floor(recent_fraction · b)`` audio tokens (the end
   of the audio, as in ``streaming``: generated tokens are kept anyway), top-N fills the rest;
@@ -28,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from kvsim.policies._params import require_choice, require_int, require_real
 from kvsim.policies._scoring import uniform_head_budget
 from kvsim.policies.base import (
     Policy,
@@ -88,11 +95,16 @@ class VoxZip(Policy):
     Parameters
     ----------
     gamma : float
-        Decay factor γ (VoxZip: 0.95; γ = 1 is plain H2O-style accumulation).
+        Decay factor γ (VoxZip, experimental setup: "empirically set to 0.95", the best of
+        its Table 5 sweep; γ = 1 is plain H2O-style accumulation).
     n_sink : int
-        Attention-sink tokens T always kept (VoxZip: 4).
+        Attention-sink tokens T always kept (VoxZip stage 2: "we empirically set T=4").
     recent_fraction : float
-        Fraction of the budget given to the recent window M (VoxZip: 0.2).
+        Fraction of the budget given to the recent window M (VoxZip stage 2: "20% of the total
+        KV cache budget").
+    scoring : str
+        ``"head"`` (kvsim's default: per KV-head, GQA group summed) or ``"layer"`` (VoxZip's
+        one score vector per layer, shared by the layer's KV-heads).
     """
 
     name = "voxzip"
@@ -101,16 +113,25 @@ class VoxZip(Policy):
     gamma: float = 0.95
     n_sink: int = 4
     recent_fraction: float = 0.2
+    scoring: str = "head"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (0.0 < self.gamma <= 1.0):
-            raise ValueError(f"voxzip: gamma must be in (0, 1], got {self.gamma}")
-        if self.n_sink < 0 or not (0.0 <= self.recent_fraction <= 1.0):
-            raise ValueError("voxzip: need n_sink >= 0 and recent_fraction in [0, 1]")
+        n = self.name
+        require_real(n, "gamma", self.gamma, lo=0, hi=1, lo_open=True)
+        require_int(n, "n_sink", self.n_sink, lo=0)
+        require_real(n, "recent_fraction", self.recent_fraction, lo=0, hi=1)
+        require_choice(n, "scoring", self.scoring, ("head", "layer"))
+
+    def _head_attention(self, att: np.ndarray) -> np.ndarray:
+        """(H_q, T) attention rows -> what the recurrence adds per KV-head, (H_kv, T)."""
+        per_kv = kv_group_sum(att, self._group)
+        if self.scoring == "layer":  # one vector per layer, shared by its KV-heads
+            return np.broadcast_to(per_kv.sum(axis=0), per_kv.shape)
+        return per_kv
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
-        g = ctx.heads.group
+        self._group = ctx.heads.group
         L, H, T = ctx.heads.n_layers, ctx.heads.n_kv_heads, ctx.n_audio
 
         def accumulate() -> np.ndarray:
@@ -118,13 +139,12 @@ class VoxZip(Policy):
             for layer in range(L):
                 att = view.audio_attention(layer)  # (H_q, W, T_a)
                 for w in range(att.shape[1]):
-                    score[layer] = decayed_accumulate(score[layer], kv_group_sum(att[:, w, :], g),
-                                                      self.gamma)
+                    score[layer] = decayed_accumulate(
+                        score[layer], self._head_attention(att[:, w, :]), self.gamma)
             return score
 
         # independent of the budget: computed once per prefill view for every VoxZip run
-        score = shared(view, ("voxzip-prefill", self.gamma), accumulate).copy()
-        self._group = g
+        score = shared(view, ("voxzip-prefill", self.gamma, self.scoring), accumulate).copy()
         self.scores_ = score
         self._budget = uniform_head_budget(ctx, self.budget)
         keep = sink_recent_topn(score, self._budget, self.n_sink, self.recent_fraction)
@@ -137,7 +157,7 @@ class VoxZip(Policy):
         eviction rule on the resident set; returns the (possibly unchanged) keep mask."""
         for layer, att in enumerate(step_attention):
             self.scores_[layer] = decayed_accumulate(
-                self.scores_[layer], kv_group_sum(np.asarray(att), self._group), self.gamma
+                self.scores_[layer], self._head_attention(np.asarray(att)), self.gamma
             )
         self._keep = sink_recent_topn(
             self.scores_, self._budget, self.n_sink, self.recent_fraction, allowed=self._keep

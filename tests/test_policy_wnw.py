@@ -11,12 +11,15 @@ from kvsim.policies._wnw_layout import (
     SegmentLayout,
     count_prefill_gpu,
     default_voice_fraction,
+    kept_per_segment,
     normalised_importance,
     solve_lambda,
     triage,
 )
 from kvsim.policies.base import MissingCalibrationError, Tier
 from kvsim.policies.registry import make
+from kvsim.policies.wnw import WnWBudgetWarning
+from kvsim.policies.wnw_calibrate import fit_lambda, fit_lambda_table
 
 from tests._zoo_a_views import FakeStepView, focused_step, make_ctx, random_prefill
 
@@ -78,7 +81,7 @@ def test_default_n_voice_fraction_matches_paper_table() -> None:
 # ----------------------------------------------------------------------------- eq. (1)
 def test_eq1_retention_with_explicit_lambda() -> None:
     ctx = make_ctx(voice_score=VS4)
-    pol = _wnw(1.0, lambda_=1.5)
+    pol = _wnw(1.0, lam=1.5)
     tiers = pol.prefill(ctx, random_prefill(ctx))
     s = normalised_importance(VS4)
     assert s.tolist() == [[1.0, 0.8], [0.5, 0.2]]
@@ -103,6 +106,7 @@ def test_lambda_solve_is_the_largest_feasible_lambda() -> None:
         budget = int(r * n_total)
         res = solve_lambda(s, roles, seg_len, budget, reserve_segments=0, min_per_segment=1)
         assert res.prefill_gpu == count_prefill_gpu(s, roles, seg_len, res.lam, 1)
+        assert res.saturated is False
         assert res.prefill_gpu <= budget
         bigger = count_prefill_gpu(s, roles, seg_len, res.lam + 1e-6 / s[s > 0].min(), 1)
         assert bigger > budget  # maximal: any larger λ overshoots
@@ -121,7 +125,7 @@ def test_policy_solve_meets_budget_with_reserve() -> None:
     ctx = make_ctx(4, 8, 4, 400, voice_score=rng.uniform(0.1, 1, (4, 4)),
                    sensitivity=rng.uniform(0.1, 1, (4, 4)))
     for r in (0.2, 0.4, 0.6):
-        pol = make("wnw", r, n_voice=8, n_anchor=2)
+        pol = make("wnw", r, n_voice=8, n_anchor=2, budget_mode="step", min_per_segment=1)
         tiers = pol.prefill(ctx, random_prefill(ctx, seed=2))
         gpu = int((tiers == Tier.GPU).sum())
         B = ctx.budget_tokens(r)
@@ -138,13 +142,13 @@ def test_policy_solve_meets_budget_with_reserve() -> None:
 
 def test_explicit_lambda_over_budget_is_a_clear_error() -> None:
     ctx = make_ctx(voice_score=VS4)
-    with pytest.raises(ValueError, match="lambda_=10.0 keeps"):
-        _wnw(0.3, lambda_=10.0).prefill(ctx, random_prefill(ctx))
+    with pytest.raises(ValueError, match="lam=10.0 keeps"):
+        _wnw(0.3, lam=10.0, budget_mode="step").prefill(ctx, random_prefill(ctx))
 
 
 def test_missing_head_scores_is_a_clear_error() -> None:
     ctx = make_ctx()
-    with pytest.raises(MissingCalibrationError, match="calibration"):
+    with pytest.raises(MissingCalibrationError, match="policy 'wnw' needs per-head calibration"):
         _wnw(0.5).prefill(ctx, random_prefill(ctx))
 
 
@@ -153,8 +157,9 @@ def test_per_segment_selection_never_evicts_a_whole_segment() -> None:
     ctx = make_ctx(voice_score=VS4)
     view = random_prefill(ctx)
     view.att[..., :25] *= 50.0  # attention sink at the start of the audio
-    seg = make("wnw", 0.35, n_voice=3, n_anchor=1).prefill(ctx, view)
-    glob = make("wnw", 0.35, n_voice=3, n_anchor=1, prefill_selection="global").prefill(ctx, view)
+    kw = {"n_voice": 3, "n_anchor": 1, "lam": 0.5}
+    seg = make("wnw", 0.35, **kw).prefill(ctx, view)
+    glob = make("wnw", 0.35, **kw, prefill_selection="global").prefill(ctx, view)
     per_seg = (seg == Tier.GPU).reshape(2, 2, 4, 25).sum(-1)
     assert (per_seg >= 1).all()
     # global top-k spends the same total but empties later segments (A2 ablation)
@@ -165,7 +170,7 @@ def test_per_segment_selection_never_evicts_a_whole_segment() -> None:
 def test_prefill_picks_top_positions_within_each_segment() -> None:
     ctx = make_ctx(voice_score=VS4)
     view = random_prefill(ctx)
-    tiers = _wnw(1.0, lambda_=1.5).prefill(ctx, view)
+    tiers = _wnw(1.0, lam=1.5).prefill(ctx, view)
     p = view.att[1].sum(axis=1)[2:4].sum(axis=0)  # layer 1, kv-head 1 = q-heads 2,3 (fixed)
     for j in range(4):
         seg = p[j * 25 : (j + 1) * 25]
@@ -194,6 +199,8 @@ def test_eq2_sums_anchor_q_heads_and_resets_every_step() -> None:
 # ----------------------------------------------------------------------------- chunk swap
 def _swap_setup(budget: float = 0.6, **kw):
     ctx = make_ctx(2, 4, 2, 200, voice_score=VS4)  # 8 segments of 25, 7 chunks
+    kw.setdefault("budget_mode", "step")
+    kw.setdefault("min_per_segment", 1)
     pol = make("wnw", budget, n_voice=3, n_anchor=1, top_k=1, **kw)
     tiers0 = pol.prefill(ctx, random_prefill(ctx))
     return ctx, pol, tiers0
@@ -241,7 +248,8 @@ def test_fixed_heads_never_recall_and_anchors_keep_everything() -> None:
 
 def test_budget_cap_holds_when_many_segments_are_wanted() -> None:
     ctx = make_ctx(2, 4, 2, 400, voice_score=VS4)
-    pol = make("wnw", 0.45, n_voice=3, n_anchor=1, top_k=3, reserve_segments=1)
+    pol = make("wnw", 0.45, n_voice=3, n_anchor=1, top_k=3, reserve_segments=1,
+               budget_mode="step", min_per_segment=1)
     tiers = pol.prefill(ctx, random_prefill(ctx))
     B = pol.gpu_capacity()
     counts = [int((tiers == Tier.GPU).sum())]
@@ -259,8 +267,9 @@ def test_budget_cap_holds_when_many_segments_are_wanted() -> None:
 
 def test_small_model_clips_anchors_to_fit_budget() -> None:
     ctx = make_ctx(1, 2, 2, 100, voice_score=np.array([[1.0, 0.5]]))
-    pol = make("wnw", 0.3, n_voice=2, n_anchor=5)
-    tiers = pol.prefill(ctx, random_prefill(ctx))
+    pol = make("wnw", 0.3, n_voice=2, n_anchor=5, budget_mode="step")
+    with pytest.warns(WnWBudgetWarning, match="running with 0 anchors"):
+        tiers = pol.prefill(ctx, random_prefill(ctx))
     assert (pol.roles_ == ANCHOR).sum() == 0  # one anchor alone would need 0.5 > 0.3
     assert int((tiers == Tier.GPU).sum()) <= ctx.budget_tokens(0.3)
     assert pol.decode_step(focused_step(ctx, 0, 0, 10)) is None  # no observer, no recall
@@ -282,11 +291,17 @@ def test_cap_pressure_releases_lagging_segments_before_refusing_a_recall() -> No
     [
         ({"n_voice": "30"}, "n_voice must be an integer"),
         ({"top_k": 1.5}, "top_k must be an integer"),
-        ({"lambda_": "big"}, "lambda_ must be a number"),
-        ({"stride_seconds": 5.0}, "stride_seconds <= chunk_seconds"),
+        ({"lam": "big"}, "lam must be a number"),
+        ({"stride_seconds": 5.0}, r"stride_seconds must be in \(0, 4\], got 5.0"),
         ({"triage_signal": "xx"}, "triage_signal must be one of"),
         ({"prefill_selection": "top"}, "prefill_selection must be one of"),
-        ({"delta": 0}, "delta >= 1"),
+        ({"delta": 0}, "delta must be >= 1, got 0"),
+        ({"top_k": 0}, "top_k must be >= 1, got 0"),
+        ({"n_anchor": -1}, "n_anchor must be >= 0, got -1"),
+        ({"lam": -0.5}, "lam must be >= 0, got -0.5"),
+        ({"min_per_segment": -1}, "min_per_segment must be >= 0"),
+        ({"budget_mode": "prefill"}, "budget_mode must be one of"),
+        ({"chunk_seconds": 0.0}, "chunk_seconds must be > 0"),
     ],
 )
 def test_bad_hyperparameters_give_one_line_errors(params: dict, msg: str) -> None:
@@ -294,20 +309,103 @@ def test_bad_hyperparameters_give_one_line_errors(params: dict, msg: str) -> Non
         make("wnw", 0.2, **params)
 
 
-def test_prefill_budget_mode_matches_paper_accounting() -> None:
+
+
+# ----------------------------------------------------------------------------- §3.4 accounting
+def test_paper_accounting_is_the_default_and_recalls_come_on_top() -> None:
+    """§3.4: λ makes the *prefill* retention meet the target; recalls add to it."""
     ctx = make_ctx(2, 4, 2, 400, voice_score=VS4)
-    step = make("wnw", 0.45, n_voice=3, n_anchor=1)
-    paper = make("wnw", 0.45, n_voice=3, n_anchor=1, budget_mode="prefill")
-    view = random_prefill(ctx)
-    t_step, t_paper = step.prefill(ctx, view), paper.prefill(ctx, view)
+    pol = make("wnw", 0.45, n_voice=3, n_anchor=1)
+    assert pol.budget_mode == "paper" and pol.min_per_segment == 0 and pol.lam is None
+    with pytest.warns(WnWBudgetWarning, match="per-input λ, not the paper's"):
+        t0 = pol.prefill(ctx, random_prefill(ctx))
     B = ctx.budget_tokens(0.45)
-    gpu_paper = int((t_paper == Tier.GPU).sum())
-    assert int((t_step == Tier.GPU).sum()) < gpu_paper <= B  # no reserve: prefill fills B
-    assert paper.solve_.reserve == 0 and paper.gpu_capacity() > B
-    tiers, counts = t_paper, []
-    for s in range(12):
-        out = paper.decode_step(focused_step(ctx, s, (s * 30) % 350, (s * 30) % 350 + 50))
+    gpu0 = int((t0 == Tier.GPU).sum())
+    assert pol.lam_source_ == "input" and pol.solve_ is None
+    assert gpu0 == count_prefill_gpu(normalised_importance(VS4), pol.roles_,
+                                     pol._layout.seg_len, pol.lambda_solved_, 0) <= B
+    s = normalised_importance(VS4)[pol.roles_ != ANCHOR]
+    bigger = pol.lambda_solved_ + 1e-6 / s.min()
+    assert count_prefill_gpu(normalised_importance(VS4), pol.roles_, pol._layout.seg_len,
+                             bigger, 0) > B  # the largest λ that fits: prefill r = target
+    assert pol.gpu_capacity() > B
+    tiers, counts = t0, []
+    for step in range(12):
+        lo = (step * 30) % 350
+        out = pol.decode_step(focused_step(ctx, step, lo, lo + 50))
         tiers = out if out is not None else tiers
         counts.append(int((tiers == Tier.GPU).sum()))
     assert max(counts) > B  # recalls come on top of the budget...
-    assert max(counts) <= paper.gpu_capacity()  # ...within the true worst-case bound
+    assert max(counts) <= pol.gpu_capacity()  # ...within the true worst-case bound
+
+
+def test_explicit_lam_is_used_as_given_without_a_warning(recwarn) -> None:
+    ctx = make_ctx(2, 4, 2, 400, voice_score=VS4)
+    pol = make("wnw", 0.3, n_voice=3, n_anchor=1, lam=0.9)
+    tiers = pol.prefill(ctx, random_prefill(ctx))
+    assert not [w for w in recwarn if issubclass(w.category, WnWBudgetWarning)]
+    assert pol.lambda_solved_ == 0.9 and pol.lam_source_ == "given"
+    # paper mode does not check a given λ against this input's B: prefill r may differ
+    assert int((tiers == Tier.GPU).sum()) == count_prefill_gpu(
+        normalised_importance(VS4), pol.roles_, pol._layout.seg_len, 0.9, 0)
+
+
+def test_fit_lambda_on_a_calibration_set_meets_the_mean_target() -> None:
+    rng = np.random.default_rng(7)
+    ctxs = [make_ctx(3, 6, 3, n, voice_score=rng.uniform(0.1, 1, (3, 3)))
+            for n in (150, 260, 420)]
+    for r in (0.3, 0.5):
+        lam = fit_lambda(ctxs, r, n_voice=5, n_anchor=1)
+
+        def mean_prefill(lam_: float, r: float = r) -> float:
+            fr = []
+            for c in ctxs:
+                p = make("wnw", r, n_voice=5, n_anchor=1, lam=lam_)
+                t = p.prefill(c, random_prefill(c))
+                fr.append((t == Tier.GPU).sum() / c.audio_kv_total)
+            return float(np.mean(fr))
+
+        assert mean_prefill(lam) <= r + 1e-12
+        assert r - mean_prefill(lam) < 0.02  # close to the target from below
+        assert mean_prefill(lam * (1 + 1e-4) + 1e-6) > r  # the largest λ that fits
+    one = fit_lambda(ctxs[:1], 0.3, n_voice=5, n_anchor=1)
+    pol = make("wnw", 0.3, n_voice=5, n_anchor=1)
+    with pytest.warns(WnWBudgetWarning):
+        pol.prefill(ctxs[0], random_prefill(ctxs[0]))
+    assert pol.lambda_solved_ == one  # the per-input fallback is the same fit on one input
+    assert set(fit_lambda_table(ctxs, [0.3, 0.5], n_voice=5, n_anchor=1)) == {0.3, 0.5}
+
+
+def test_infeasible_anchors_are_reduced_with_a_warning_never_silently() -> None:
+    ctx = make_ctx(1, 2, 2, 100, voice_score=np.array([[1.0, 0.5]]))
+    for mode in ("paper", "step"):
+        pol = make("wnw", 0.3, n_voice=2, n_anchor=1, budget_mode=mode)  # 1 anchor = 0.5 > 0.3
+        with pytest.warns(WnWBudgetWarning, match="1 anchors .* running with 0 anchors"):
+            tiers = pol.prefill(ctx, random_prefill(ctx))
+        assert (pol.roles_ == ANCHOR).sum() == 0
+        assert int((tiers == Tier.GPU).sum()) <= ctx.budget_tokens(0.3)
+    with pytest.raises(ValueError, match=r"wnw: at λ = 0 the anchors .* over the target r=0.3"):
+        fit_lambda([ctx], 0.3, n_voice=2, n_anchor=1)  # a calibration does not clip
+
+
+def test_step_mode_warns_when_no_recall_can_ever_fit() -> None:
+    ctx = make_ctx(2, 4, 2, 200, voice_score=VS4)
+    pol = make("wnw", 0.27, n_voice=3, n_anchor=1, budget_mode="step", min_per_segment=1)
+    with pytest.warns(WnWBudgetWarning, match="never recall"):
+        pol.prefill(ctx, random_prefill(ctx))
+
+
+def test_quota_is_floor_of_retention_times_segment_and_may_be_zero() -> None:
+    """§2.3: "the top ⌊retention_{l,k} · n_s⌋ positions are kept" (0 allowed)."""
+    ret = np.array([0.0, 0.03, 0.04, 0.5, 1.0])
+    seg_len = np.array([25, 25, 10])
+    assert kept_per_segment(ret, seg_len, 0).tolist() == [
+        [0, 0, 0], [0, 0, 0], [1, 1, 0], [12, 12, 5], [25, 25, 10]]
+    assert kept_per_segment(ret, seg_len, 1).tolist() == [
+        [1, 1, 1], [1, 1, 1], [1, 1, 1], [12, 12, 5], [25, 25, 10]]
+    ctx = make_ctx(voice_score=VS4)
+    paper = make("wnw", 1.0, n_voice=3, n_anchor=1, lam=0.1)  # fixed head: ⌊0.02·25⌋ = 0
+    floor1 = make("wnw", 1.0, n_voice=3, n_anchor=1, lam=0.1, min_per_segment=1)
+    view = random_prefill(ctx)
+    assert (paper.prefill(ctx, view)[1, 1] == Tier.GPU).sum() == 0
+    assert ((floor1.prefill(ctx, view)[1, 1] == Tier.GPU).reshape(4, 25).sum(-1) == 1).all()

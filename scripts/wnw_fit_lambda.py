@@ -1,0 +1,62 @@
+"""Fit WnW's λ per target r_GPU on calibration traces (WnW §3.4) and print ``wnw:lam=...``.
+
+Usage: python scripts/wnw_fit_lambda.py [--calibration heads.json] [-b 0.1,0.2,0.4]
+       [-p key=value ...] TRACE [TRACE ...]
+
+The paper selects λ "on the calibration set so that the measured r_GPU matches each target";
+this fits, per target, the largest λ whose mean prefill r_GPU over the given traces is at
+most the target (recalls come on top at decode time) and prints one policy argument per
+target to pass to ``kvsim replay`` or ``kvsim live`` on the test inputs. Use traces of a
+calibration split disjoint from the test inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvsim.policies.base import PolicyContext
+from kvsim.policies.wnw_calibrate import fit_lambda_table
+
+from kvsim.specs import _value, parse_budgets
+from kvsim.trace.heads import read_heads
+from kvsim.trace.reader import Trace, find_traces
+from kvsim.trace.schema import TraceError
+
+
+def contexts(paths: list, heads_file: str | None) -> list[PolicyContext]:
+    """The policy context of each trace, as the replay engine builds it."""
+    scores = read_heads(heads_file) if heads_file else None
+    out = []
+    for path in find_traces(paths):
+        t = Trace(path)
+        out.append(PolicyContext(
+            heads=t.head_layout, n_audio=len(t.audio_positions),
+            audio_tokens_per_s=t.meta.model.audio_tokens_per_s, n_prefill=t.meta.n_prefill,
+            head_scores=scores if scores is not None else t.head_scores,
+        ))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("traces", nargs="+")
+    ap.add_argument("-b", "--budget", default="0.1,0.2,0.4,0.6,0.8")
+    ap.add_argument("--calibration", default=None, help="heads.json (else the traces' scores)")
+    ap.add_argument("-p", "--param", action="append", default=[], help="WnW key=value")
+    args = ap.parse_args(argv)
+    try:
+        params = {k: _value(v) for k, v in (p.split("=", 1) for p in args.param)}
+        ctxs = contexts(args.traces, args.calibration)
+        table = fit_lambda_table(ctxs, parse_budgets(args.budget), **params)
+    except (ValueError, KeyError, FileNotFoundError, TraceError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    extra = "".join(f":{p}" for p in args.param)
+    for r, lam in table.items():
+        print(f"-b {r:g} -p wnw:lam={lam:.6g}{extra}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
