@@ -111,3 +111,21 @@ class _Resurrects(Policy):
 def test_invariant_checks_catch_a_broken_user_policy() -> None:
     with pytest.raises(InvariantViolation):
         check_policy(_Resurrects, budgets=(0.5,), presets=("tiny",), seeds=(0,), steps=2)
+
+
+def test_example_runs_in_live_decoding(tmp_path: Path) -> None:
+    import soundfile as sf
+
+    noise = 0.1 * np.random.default_rng(0).standard_normal(16000 * 4)
+    sf.write(str(tmp_path / "c.wav"), noise.astype(np.float32), 16000)
+    (tmp_path / "c.txt").write_text("some reference words")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["live", str(tmp_path / "c.wav"), "--model", "tiny", "-p",
+                                   f"{EXAMPLE}:recency=0.2", "-b", "0.4", "--max-new-tokens", "4",
+                                   "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    runs = pl.read_parquet(out / "runs.parquet")
+    assert runs["policy"].to_list() == ["recent_heavy"]
+    n_audio = 50  # 4 s at 12.5 audio tokens/s; a static per-head budget floor(r * T_a)
+    # r_gpu is a mean over the decode steps of the same ratio: a few float64 ulps off
+    assert runs["r_gpu"][0] == pytest.approx(int(0.4 * n_audio) / n_audio, abs=1e-12)
