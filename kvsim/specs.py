@@ -17,26 +17,39 @@ def _value(text: str):
 
 
 def parse_policies(args: list[str], budget: float) -> list[PolicySpec]:
-    """``["full,snapkv:window=16", "wnw"]`` -> specs at ``budget``. ``all`` = every policy."""
+    """``["full,snapkv:window=16", "wnw"]`` -> specs at ``budget``. ``all`` = every policy.
+
+    A user's policy is ``package.module:ClassName`` (then ``:key=value`` pairs): imported,
+    checked to be a Policy subclass and registered under its ``name``."""
     specs: list[PolicySpec] = []
     for arg in args:
         for item in filter(None, (x.strip() for x in arg.split(","))):
             name, *pairs = item.split(":")
+            source = None
+            if pairs and "=" not in pairs[0] and name not in registry.available():
+                source = f"{name}:{pairs.pop(0)}"
+                name = registry.load(source).name
             names = list(registry.available()) if name == "all" else [name]
-            params = {}
-            for pair in pairs:
-                if "=" not in pair:
-                    raise ValueError(f"bad hyperparameter {pair!r} in {item!r}; use name:key=value")
-                k, v = pair.split("=", 1)
-                params[k] = _value(v)
+            params = _hyperparameters(item, pairs)
             for n in names:
                 cls = registry.get(n)
                 unknown = set(params) - set(cls.hyperparameters())
                 if unknown:
                     raise ValueError(f"policy {n!r} has no hyperparameter {', '.join(sorted(unknown))}; "
                                      f"it has: {', '.join(cls.hyperparameters()) or '(none)'}")
-                specs.append(PolicySpec(n, budget, params))
+                specs.append(PolicySpec(n, budget, params, source))
     return specs
+
+
+def _hyperparameters(item: str, pairs: list[str]) -> dict:
+    """``["window=16", "pooling=max"]`` -> ``{"window": 16, "pooling": "max"}``."""
+    params = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"bad hyperparameter {pair!r} in {item!r}; use name:key=value")
+        k, v = pair.split("=", 1)
+        params[k] = _value(v)
+    return params
 
 
 def parse_budgets(text: str) -> list[float]:

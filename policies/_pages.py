@@ -18,6 +18,7 @@ logit), computed here for all pages at once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
@@ -205,6 +206,35 @@ def lowest_among(candidates: np.ndarray, k: np.ndarray, ascending: np.ndarray,
     rows = np.arange(candidates.shape[0])[:, None]
     seen = np.cumsum(candidates[rows, ascending], axis=-1)  # candidates so far, in that order
     return candidates & (seen[rows, ascending_rank] <= k[:, None])
+
+
+def top_page_reads(scores: np.ndarray, k: int, n_audio: int, page_size: int) -> np.ndarray:
+    """Positions of the ``k`` best pages of every row (:func:`top_pages` then
+    :func:`expand_pages`): Quest's reads, for one layer (H_kv, P) or a stack of layers."""
+    return expand_pages(top_pages(scores, k), n_audio, page_size)
+
+
+def recall_plan(resident: np.ndarray, forced: np.ndarray, scores: np.ndarray, topk: int,
+                ascending: Callable[[], tuple[np.ndarray, np.ndarray]],
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+    """ArkVale's page selection for one query (ArkVale §4, recall and eviction), over any
+    leading shape: one layer (H_kv, P) or every layer of a step (L, H_kv, P).
+
+    ``must`` = the ``forced`` pages and the ``topk`` best-scored others; every ``must`` page
+    not yet ``resident`` is recalled and as many of the lowest-scored resident pages outside
+    ``must`` are evicted (:func:`lowest_among`; ``ascending()`` gives the scores' stable
+    ascending order and its inverse, asked only when a page is missing). Returns ``must`` and
+    the new resident pages, or None when nothing is missing (the residents stay).
+    """
+    must = forced | top_pages(np.where(forced, -np.inf, scores), topk)
+    missing = must > resident  # bool: must & ~resident
+    if not missing.any():
+        return must, None
+    order, rank = ascending()
+    n = resident.shape[-1]
+    lowest = lowest_among((resident > must).reshape(-1, n), missing.sum(axis=-1).ravel(),
+                          order.reshape(-1, n), rank.reshape(-1, n))
+    return must, (resident > lowest.reshape(resident.shape)) | missing
 
 
 def reduce_group(values: np.ndarray, how: str) -> np.ndarray:

@@ -25,19 +25,18 @@ from dataclasses import dataclass
 
 import numpy as np
 from kvsim.policies._allocation import allocate
-from kvsim.policies._params import POOLINGS, require_choice, require_int, require_real
-from kvsim.policies._scoring import pooled_window_scores, uniform_head_budget
+from kvsim.policies._params import require_real
+from kvsim.policies._scoring import uniform_head_budget
 from kvsim.policies.base import (
-    Policy,
     PolicyContext,
     PrefillView,
-    Tier,
     descending_ranks,
     shared,
     topk_from_ranks,
     topk_mask,
 )
 from kvsim.policies.registry import register
+from kvsim.policies.snapkv import SnapKV
 
 
 def adaptive_head_budgets(scores: np.ndarray, per_head: int, floor_alpha: float,
@@ -65,7 +64,7 @@ def adaptive_head_allocation(scores: np.ndarray, per_head: int, floor_alpha: flo
 
 @register
 @dataclass
-class AdaKV(Policy):
+class AdaKV(SnapKV):
     """SnapKV scores with Ada-KV's safeguarded head-wise budget allocation per layer.
 
     Parameters
@@ -84,31 +83,21 @@ class AdaKV(Policy):
     name = "adakv"
     paper = "Feng et al., Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation, NeurIPS 2025; WnW App. F"
 
-    window: int = 32
-    kernel: int = 7
-    pooling: str = "max"
+    pooling: str = "max"  # SnapKV's window and kernel, WnW App. F's max pooling
     floor_alpha: float = 0.8
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        n = self.name
-        require_int(n, "window", self.window, lo=1)
-        require_int(n, "kernel", self.kernel, lo=1)
-        require_choice(n, "pooling", self.pooling, POOLINGS)
-        require_real(n, "floor_alpha", self.floor_alpha, lo=0, hi=1)
+        super().__post_init__()  # SnapKV's checks of window, kernel, pooling
+        require_real(self.name, "floor_alpha", self.floor_alpha, lo=0, hi=1)
 
-    def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
-        scores, ranks = pooled_window_scores(ctx, view, self.window, self.kernel, self.pooling)
+    def head_budgets(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        """Ada-KV's safeguarded head-wise budgets (L, H_kv), each layer summing to H_kv * B."""
+        scores = self.score(ctx, view)
         # the layer-wide ranks do not depend on the budget either: once for every AdaKV run
         layer_ranks = shared(view, ("adakv-layer-ranks", self.window, self.kernel, self.pooling),
                              lambda: descending_ranks(scores.reshape(len(scores), -1)))
         per_head = uniform_head_budget(ctx, self.budget)
-        budgets = np.stack([adaptive_head_budgets(s, per_head, self.floor_alpha, r)
-                            for s, r in zip(scores, layer_ranks, strict=True)])
-        self.head_budgets_ = budgets
-        keep = topk_from_ranks(ranks, budgets)  # = topk_mask(scores, budgets)
-        self._capacity = per_head * ctx.heads.n_heads_total
-        return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
-
-    def gpu_capacity(self) -> int | None:
-        return self._capacity
+        self.head_budgets_ = np.stack([
+            adaptive_head_budgets(s, per_head, self.floor_alpha, r)
+            for s, r in zip(scores, layer_ranks, strict=True)])
+        return self.head_budgets_

@@ -45,12 +45,11 @@ from kvsim.policies._pages import (
     PageBoxes,
     bounding_box_digest,
     expand_pages,
-    lowest_among,
     n_pages,
     page_sizes,
     page_starts,
+    recall_plan,
     reduce_group,
-    top_pages,
 )
 from kvsim.policies._params import (
     GROUP_REDUCES,
@@ -242,14 +241,9 @@ class ArkVale(Policy):
             order = np.argsort(scores, axis=-1, kind="stable")
             return order, np.argsort(order, axis=-1)  # the order and its inverse
 
-        must = self._forced | top_pages(np.where(self._forced, -np.inf, scores), self.topk)
-        resident = self._resident[layer]
-        missing = must > resident  # bool: must & ~resident
-        if missing.any():
-            # the lowest-scored resident pages outside the top-k make room for the recalled ones
-            order, rank = shared(view, (*geometry, "ascending"), ascending)
-            lowest = lowest_among(resident > must, missing.sum(axis=-1), order, rank)
-            new = (resident > lowest) | missing
+        must, new = recall_plan(self._resident[layer], self._forced, scores, self.topk,
+                                lambda: shared(view, (*geometry, "ascending"), ascending))
+        if new is not None:
             self._resident[layer] = new
             on_gpu = expand_pages(new, self._n_audio, self.page_size)
             np.take(_TIER_OF_RESIDENT, on_gpu.view(np.uint8), out=self._tiers[layer])
@@ -276,16 +270,10 @@ class ArkVale(Policy):
             return order, np.argsort(order, axis=-1)
 
         all_scores = shared(view, (*geometry, "all"), scores)
-        must = self._forced | top_pages(np.where(self._forced, -np.inf, all_scores), self.topk)
-        resident = self._resident
-        missing = must > resident
-        if missing.any():
-            order, rank = shared(view, (*geometry, "all-ascending"), ascending)
-            n = resident.shape[-1]
-            lowest = lowest_among((resident > must).reshape(-1, n), missing.sum(axis=-1).ravel(),
-                                  order.reshape(-1, n), rank.reshape(-1, n))
-            new = (resident > lowest.reshape(resident.shape)) | missing
-            changed = np.flatnonzero(missing.any(axis=(1, 2)))
+        must, new = recall_plan(self._resident, self._forced, all_scores, self.topk,
+                                lambda: shared(view, (*geometry, "all-ascending"), ascending))
+        if new is not None:
+            changed = np.flatnonzero((new != self._resident).any(axis=(1, 2)))
             on_gpu = expand_pages(new[changed], self._n_audio, self.page_size)
             self._tiers[changed] = _TIER_OF_RESIDENT[on_gpu.view(np.uint8)]
             on_gpu.flags.writeable = False

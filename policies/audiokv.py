@@ -26,16 +26,9 @@ import numpy as np
 from kvsim.policies._allocation import allocate, fft_lowpass
 from kvsim.policies._params import require_int, require_real
 from kvsim.policies._scoring import window_scores
-from kvsim.policies.base import (
-    Policy,
-    PolicyContext,
-    PrefillView,
-    Tier,
-    descending_ranks,
-    shared,
-    topk_from_ranks,
-)
+from kvsim.policies.base import PolicyContext, PrefillView, descending_ranks, shared
 from kvsim.policies.registry import register
+from kvsim.policies.scoring import ScoringPolicy
 
 
 def voice_guided_budgets(
@@ -56,7 +49,7 @@ def spectral_smooth(scores: np.ndarray, alpha: float, rho: float) -> np.ndarray:
 
 @register
 @dataclass
-class AudioKV(Policy):
+class AudioKV(ScoringPolicy):
     """Voice-score-guided per-head budget with FFT-smoothed SnapKV scores (needs head scores).
 
     Parameters
@@ -87,19 +80,19 @@ class AudioKV(Policy):
         require_int(n, "window", self.window, lo=1)
         require_real(n, "baseline_ratio", self.baseline_ratio, lo=0, hi=1)
 
-    def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+    def score(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        """FFT-smoothed observation-window scores (Spectral Score Smoothing)."""
+        return spectral_smooth(window_scores(ctx, view, self.window), self.alpha, self.rho)
+
+    def ranks(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        # of the smoothed scores; they do not depend on the budget: once per prefill view
+        return shared(view, ("audiokv", self.window, self.alpha, self.rho),
+                      lambda: descending_ranks(self.score(ctx, view)))
+
+    def head_budgets(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        """Voice-score-guided budgets (L, H_kv) summing to ``floor(r * L * H_kv * T_a)``."""
         hs = ctx.require_head_scores(self.name)
         total = ctx.budget_tokens(self.budget)
-        budgets = voice_guided_budgets(total, hs.voice_score, ctx.n_audio, self.baseline_ratio)
-        self.head_budgets_ = budgets
-        def ranks() -> np.ndarray:  # of the smoothed scores; they do not depend on the budget
-            scores = spectral_smooth(window_scores(ctx, view, self.window), self.alpha, self.rho)
-            return descending_ranks(scores)
-
-        keep = topk_from_ranks(  # = topk_mask(smoothed scores, budgets)
-            shared(view, ("audiokv", self.window, self.alpha, self.rho), ranks), budgets)
-        self._capacity = int(budgets.sum())
-        return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
-
-    def gpu_capacity(self) -> int | None:
-        return self._capacity
+        self.head_budgets_ = voice_guided_budgets(total, hs.voice_score, ctx.n_audio,
+                                                  self.baseline_ratio)
+        return self.head_budgets_

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 from kvsim.policies._allocation import allocate
-from kvsim.policies._params import POOLINGS, require_choice, require_int, require_real
-from kvsim.policies._scoring import pooled_window_scores, uniform_head_budget
-from kvsim.policies.base import Policy, PolicyContext, PrefillView, Tier, topk_from_ranks
+from kvsim.policies._params import require_real
+from kvsim.policies._scoring import uniform_head_budget
+from kvsim.policies.base import PolicyContext, PrefillView
 from kvsim.policies.registry import register
+from kvsim.policies.snapkv import SnapKV
 
 
 def pyramid_layer_budgets(per_head: int, n_layers: int, n_audio: int, beta: float) -> np.ndarray:
@@ -40,7 +41,7 @@ def pyramid_layer_budgets(per_head: int, n_layers: int, n_audio: int, beta: floa
 
 @register
 @dataclass
-class PyramidKV(Policy):
+class PyramidKV(SnapKV):
     """Pyramidal per-layer budget, SnapKV-style top-k inside each layer.
 
     Parameters
@@ -61,27 +62,15 @@ class PyramidKV(Policy):
     name = "pyramidkv"
     paper = "Cai et al., PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information Funneling, 2025 (§3)"
 
-    beta: float = 20.0
-    window: int = 32
-    kernel: int = 7
-    pooling: str = "avg"
+    beta: float = 20.0  # after SnapKV's window, kernel, pooling (same defaults)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        n = self.name
-        require_real(n, "beta", self.beta, lo=1)
-        require_int(n, "window", self.window, lo=1)
-        require_int(n, "kernel", self.kernel, lo=1)
-        require_choice(n, "pooling", self.pooling, POOLINGS)
+        super().__post_init__()  # SnapKV's checks of window, kernel, pooling
+        require_real(self.name, "beta", self.beta, lo=1)
 
-    def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
-        _, ranks = pooled_window_scores(ctx, view, self.window, self.kernel, self.pooling)
+    def head_budgets(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        """The pyramid: per-layer budgets (L, 1), the same for every KV-head of a layer."""
         per_head = uniform_head_budget(ctx, self.budget)
-        layer_budget = pyramid_layer_budgets(per_head, ctx.heads.n_layers, ctx.n_audio, self.beta)
-        self.layer_budgets_ = layer_budget
-        keep = topk_from_ranks(ranks, layer_budget[:, None])  # = topk_mask(scores, ...)
-        self._capacity = int(layer_budget.sum()) * ctx.heads.n_kv_heads
-        return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
-
-    def gpu_capacity(self) -> int | None:
-        return self._capacity
+        self.layer_budgets_ = pyramid_layer_budgets(per_head, ctx.heads.n_layers, ctx.n_audio,
+                                                    self.beta)
+        return self.layer_budgets_[:, None]

@@ -24,11 +24,10 @@ import numpy as np
 from kvsim.policies._pages import (
     LayerPageBoxes,
     PageBoxes,
-    expand_pages,
     minmax_digest,
     n_pages,
     reduce_group,
-    top_pages,
+    top_page_reads,
 )
 from kvsim.policies._params import GROUP_REDUCES, require_choice, require_int
 from kvsim.policies.base import (
@@ -108,8 +107,8 @@ class Quest(Policy):
     def select(self, view: QueryView) -> np.ndarray | None:
         if view.layer < self.dense_layers:
             return None
-        pages = top_pages(self.page_scores(view), self.page_budget)
-        return expand_pages(pages, self._n_audio, self.page_size)
+        return top_page_reads(self.page_scores(view), self.page_budget, self._n_audio,
+                              self.page_size)
 
     def select_layers(self, view: StepQueryView) -> np.ndarray | None:
         """:meth:`select` of every layer of the step at once (replay): Quest's choice at a
@@ -124,7 +123,7 @@ class Quest(Policy):
             return reduce_group(self._stacked.upper_bound(view.queries()), self.group_reduce)
 
         key = ("quest-all", self.page_size, self.group_reduce)
-        reads = expand_pages(top_pages(shared(view, key, scores), self.page_budget),
-                             self._n_audio, self.page_size)
+        reads = top_page_reads(shared(view, key, scores), self.page_budget, self._n_audio,
+                               self.page_size)
         reads[: self.dense_layers] = True
         return reads

@@ -11,22 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 from kvsim.policies._params import require_int
-from kvsim.policies._scoring import uniform_head_budget
-from kvsim.policies.base import (
-    Policy,
-    PolicyContext,
-    PrefillView,
-    Tier,
-    descending_ranks,
-    shared,
-    topk_from_ranks,
-)
+from kvsim.policies.base import PolicyContext, PrefillView, descending_ranks, shared
 from kvsim.policies.registry import register
+from kvsim.policies.scoring import ScoringPolicy
 
 
 @register
 @dataclass
-class RandomPolicy(Policy):
+class RandomPolicy(ScoringPolicy):
     """Keep a uniformly random ``floor(r * T_a)``-subset per (layer, KV-head) at prefill.
 
     Parameters
@@ -46,18 +38,13 @@ class RandomPolicy(Policy):
         n = self.name
         require_int(n, "salt", self.salt)
 
-    def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
-        budget = uniform_head_budget(ctx, self.budget)
+    def score(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        """Independent uniform [0, 1) draws, seeded by ``ctx.seed`` and ``salt``."""
         shape = (ctx.heads.n_layers, ctx.heads.n_kv_heads, ctx.n_audio)
+        return np.random.default_rng([int(ctx.seed), int(self.salt), 0x6B7673]).random(shape)
 
-        def ranks() -> np.ndarray:
-            rng = np.random.default_rng([int(ctx.seed), int(self.salt), 0x6B7673])
-            return descending_ranks(rng.random(shape))
-
+    def ranks(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         # the same draw at every budget (nested subsets): ranked once per prefill view
-        keep = topk_from_ranks(shared(view, ("random", ctx.seed, self.salt, shape), ranks), budget)
-        self._capacity = budget * ctx.heads.n_heads_total
-        return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
-
-    def gpu_capacity(self) -> int | None:
-        return self._capacity
+        shape = (ctx.heads.n_layers, ctx.heads.n_kv_heads, ctx.n_audio)
+        return shared(view, ("random", ctx.seed, self.salt, shape),
+                      lambda: descending_ranks(self.score(ctx, view)))

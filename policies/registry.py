@@ -1,9 +1,13 @@
-"""Name -> policy class registry, filled by the ``@register`` decorator of each policy file."""
+"""Name -> policy class registry, filled by the ``@register`` decorator of each policy file,
+and by :func:`load` for a user's policy given as ``package.module:ClassName``."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import os
 import pkgutil
+import sys
 from typing import Any
 
 from kvsim.policies.base import Policy
@@ -20,6 +24,48 @@ def register(cls: type[Policy]) -> type[Policy]:
         raise ValueError(f"policy name {cls.name!r} registered twice")
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def load(path: str) -> type[Policy]:
+    """Import a user's policy class from ``package.module:ClassName`` and register it under
+    its ``name`` (no fork of kvsim needed). The module is found on ``sys.path``, the current
+    directory included. Every failure is a one-line ``ValueError`` naming ``path``."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr.isidentifier():
+        raise ValueError(f"policy {path!r}: write a user policy as package.module:ClassName")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ValueError(f"policy {path!r}: module {exc.name!r} not found (run from the folder "
+                         "that holds it, or put that folder on PYTHONPATH)") from None
+    except Exception as exc:  # the user's module itself fails: say how, in one line
+        raise ValueError(f"policy {path!r}: importing {module_name} failed: "
+                         f"{type(exc).__name__}: {exc}") from None
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise ValueError(f"policy {path!r}: module {module_name} has no attribute {attr!r}")
+    return admit(cls, f"policy {path!r}")
+
+
+def admit(cls: Any, where: str = "") -> type[Policy]:
+    """Register a user's policy class after checking it is a concrete, named Policy subclass
+    whose name no other class has; a one-line ``ValueError`` (prefixed ``where``) otherwise."""
+    where = where or f"policy {getattr(cls, '__qualname__', cls)!r}"
+    label = getattr(cls, "__qualname__", repr(cls))
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise ValueError(f"{where}: {label} is not a subclass of kvsim.policies.Policy")
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        raise ValueError(f"{where}: {label} is abstract (implement {missing})")
+    if not cls.name:
+        raise ValueError(f"{where}: {label} has no class attribute `name`")
+    taken = available(include_private=True).get(cls.name)
+    if taken is not None and taken is not cls:
+        raise ValueError(f"{where}: the name {cls.name!r} is taken by "
+                         f"{taken.__module__}.{taken.__qualname__}; give {label} another `name`")
+    return register(cls)
 
 
 def _discover() -> None:

@@ -12,14 +12,15 @@ from dataclasses import dataclass
 
 import numpy as np
 from kvsim.policies._params import POOLINGS, require_choice, require_int
-from kvsim.policies._scoring import pooled_window_scores, uniform_head_budget
-from kvsim.policies.base import Policy, PolicyContext, PrefillView, Tier, topk_from_ranks
+from kvsim.policies._scoring import pooled_window_scores
+from kvsim.policies.base import PolicyContext, PrefillView
 from kvsim.policies.registry import register
+from kvsim.policies.scoring import ScoringPolicy
 
 
 @register
 @dataclass
-class SnapKV(Policy):
+class SnapKV(ScoringPolicy):
     """Prefill-only top-k of pooled observation-window attention.
 
     Parameters
@@ -53,12 +54,10 @@ class SnapKV(Policy):
         require_int(n, "kernel", self.kernel, lo=1)
         require_choice(n, "pooling", self.pooling, POOLINGS)
 
-    def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
-        _, ranks = pooled_window_scores(ctx, view, self.window, self.kernel, self.pooling)
-        budget = uniform_head_budget(ctx, self.budget)
-        keep = topk_from_ranks(ranks, budget)  # = topk_mask(scores, budget)
-        self._capacity = budget * ctx.heads.n_heads_total
-        return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
+    def score(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        return pooled_window_scores(ctx, view, self.window, self.kernel, self.pooling)[0]
 
-    def gpu_capacity(self) -> int | None:
-        return self._capacity
+    def ranks(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        # computed once per prefill view for every budget (and for pyramidkv with the same
+        # window, kernel and pooling)
+        return pooled_window_scores(ctx, view, self.window, self.kernel, self.pooling)[1]

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 
 import numpy as np
 from kvsim.policies._params import require_int
-from kvsim.policies._scoring import uniform_head_budget
-from kvsim.policies.base import Policy, PolicyContext, PrefillView, Tier, full_tiers
+from kvsim.policies.base import PolicyContext, PrefillView, descending_ranks, shared
 from kvsim.policies.registry import register
+from kvsim.policies.scoring import ScoringPolicy
 
 
 @register
 @dataclass
-class StreamingLLM(Policy):
+class StreamingLLM(ScoringPolicy):
     """Keep the first ``n_sink`` audio tokens and the most recent ``floor(r*T_a) - n_sink``.
 
     Parameters
@@ -37,16 +37,16 @@ class StreamingLLM(Policy):
         n = self.name
         require_int(n, "n_sink", self.n_sink, lo=0)
 
-    def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
-        budget = uniform_head_budget(ctx, self.budget)
-        tiers = full_tiers(ctx, Tier.GONE)
-        sink = min(self.n_sink, budget)
-        tiers[..., :sink] = Tier.GPU
-        recent = budget - sink
-        if recent > 0:
-            tiers[..., ctx.n_audio - recent :] = Tier.GPU
-        self._capacity = budget * ctx.heads.n_heads_total
-        return tiers
+    def score(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        """Sinks first (earliest best), then recency: a top-``B`` keeps the first
+        ``min(n_sink, B)`` positions and the last ``B - min(n_sink, B)``."""
+        t_a = ctx.n_audio
+        pos = np.arange(t_a, dtype=np.float64)
+        per_pos = np.where(pos < self.n_sink, 2.0 * t_a - pos, pos)  # sinks > any recency
+        return np.broadcast_to(per_pos, (ctx.heads.n_layers, ctx.heads.n_kv_heads, t_a))
 
-    def gpu_capacity(self) -> int | None:
-        return self._capacity
+    def ranks(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
+        # the same order at every budget: ranked once per prefill view
+        shape = (ctx.heads.n_layers, ctx.heads.n_kv_heads, ctx.n_audio)
+        return shared(view, ("streaming", self.n_sink, shape),
+                      lambda: descending_ranks(self.score(ctx, view)))

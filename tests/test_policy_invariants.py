@@ -3,8 +3,9 @@
 Each policy found by ``policies.available()`` (so policies added later are covered without
 editing this file) is replayed by the real engine over random tiny synthetic traces, at random
 budgets and with random hyperparameters drawn around its defaults, with the tiers recorded
-after prefill and after every decode step. The checks are made here from the recorded tiers
-and step log, independently of the engine's own checks:
+after prefill and after every decode step. The checks (``kvsim.testing.check_run``, public so
+that a user runs them from their own tests) are made from the recorded tiers and step log,
+independently of the engine's own checks:
 
 * GONE is absorbing; a position becomes GPU only from CPU (never from GONE); a policy that is
   not ``recallable`` never moves CPU -> GPU;
@@ -17,62 +18,39 @@ and step log, independently of the engine's own checks:
 * ``full`` reproduces full attention exactly: recall 1, output error 0;
 * policies whose tiers never change after prefill hit the target r_GPU within 0.01;
 * recallable policies do recall (on a "small" trace whose decode attention sweeps the audio).
+
+A user's policy outside kvsim joins the suite by module path (docs/adding-a-policy.md):
+``KVSIM_POLICY=mypkg.mod:MyPolicy pytest tests/test_policy_invariants.py -k my_policy``.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
-from kvsim.policies import Policy, Tier, available, registry
+from kvsim.policies import Tier, available, registry
 
-from kvsim.replay.engine import PolicySpec, ReplayConfig, RunResult, replay_trace
+from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace
 from kvsim.synth import SynthConfig, synthesize
+from kvsim.testing import captured_policies, replay_one
+from kvsim.testing import check_run as check_invariants
 from kvsim.trace.reader import Trace
 from kvsim.trace.writer import write_trace
 
+#: user policies (``package.module:ClassName``, comma-separated) to check with the shipped ones
+USER_POLICIES = [registry.load(p.strip()).name
+                 for p in os.environ.get("KVSIM_POLICY", "").split(",") if p.strip()]
 POLICIES = sorted(available())
 
 
 # ----------------------------------------------------------------------------- helpers
-@contextmanager
-def captured_policies():
-    """Record the policy objects the engine builds, to ask them for capacity / page budget."""
-    made: list[Policy] = []
-
-    def make(spec: PolicySpec) -> Policy:
-        pol = registry.make(spec.name, spec.budget, **spec.params)
-        made.append(pol)
-        return pol
-
-    with mock.patch.object(PolicySpec, "make", make):
-        yield made
-
-
-def replay_one(
-    spec: PolicySpec, audio_s: float, steps: int, seed: int, preset: str = "tiny"
-) -> tuple[RunResult, Policy, Trace]:
-    data = synthesize(
-        SynthConfig(preset=preset, audio_seconds=audio_s, decode_steps=steps, seed=seed)
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Trace(write_trace(Path(tmp) / "t.kvtrace", data))
-        with captured_policies() as made:
-            runs = replay_trace(trace, [spec], ReplayConfig(record_tiers=True, seed=seed))
-    # a policy that needs head scores and did not find them would be dropped, not returned
-    assert len(runs) == 1, f"{spec.label} did not run on a synthetic trace (calibration?)"
-    assert len(made) == 1
-    return runs[0], made[0], trace
-
-
 #: known choices of string hyperparameters, by field name (a policy that refuses one of them
 #: with a ValueError just rejects that example)
 STRING_CHOICES: dict[str, list[str]] = {
@@ -111,73 +89,6 @@ def hyperparameters(draw: st.DrawFn, name: str) -> dict[str, Any]:
     return {k: draw(_param_strategy(v, k)) for k, v in registry.get(name).hyperparameters().items()}
 
 
-def _page_counts(mask: np.ndarray, page_size: int) -> np.ndarray:
-    """Pages touched per (layer, KV-head) by a (L, H_kv, T_a) bool mask."""
-    t_a = mask.shape[-1]
-    starts = np.arange(0, t_a, page_size)
-    return (np.add.reduceat(mask.astype(np.int64), starts, axis=-1) > 0).sum(axis=-1)
-
-
-def check_invariants(run: RunResult, pol: Policy, trace: Trace) -> None:
-    label = run.spec.label
-    tiers = run.tiers
-    assert tiers is not None and len(tiers) == run.summary["steps"] + 1
-    L, h_kv, t_a = tiers[0].shape
-    total = L * h_kv * t_a
-    cap = pol.gpu_capacity()
-    if cap is not None:
-        assert 0 <= cap <= total, f"{label}: capacity {cap} outside [0, {total}]"
-    log = run.step_log
-    gpu_logged = log["gpu_audio_tokens"].to_numpy()
-    cpu_logged = log["cpu_audio_tokens"].to_numpy()
-    read_logged = log["read_audio_tokens"].to_numpy()
-    h2d_logged = log["h2d_tokens"].to_numpy()
-
-    for s, cur in enumerate(tiers):
-        assert cur.dtype == np.uint8 and cur.shape == (L, h_kv, t_a)
-        assert cur.max(initial=0) <= Tier.GPU
-        gpu = cur == Tier.GPU
-        if cap is not None:
-            assert gpu.sum() <= cap, f"{label}: {gpu.sum()} GPU tokens > capacity {cap} (t={s})"
-        assert gpu.sum() + (cur == Tier.CPU).sum() <= total
-        if s == 0:
-            continue
-        prev = tiers[s - 1]
-        assert not ((prev == Tier.GONE) & (cur != Tier.GONE)).any(), f"{label}: GONE came back"
-        came_up = (prev != Tier.GPU) & gpu
-        assert (prev[came_up] == Tier.CPU).all(), f"{label}: a position became GPU from GONE"
-        if not pol.recallable:
-            assert not came_up.any(), f"{label}: not recallable but recalled at step {s - 1}"
-        # the step log agrees with the recorded tiers
-        assert gpu_logged[s - 1] == gpu.sum()
-        assert cpu_logged[s - 1] == (cur == Tier.CPU).sum()
-        assert h2d_logged[s - 1] == ((prev == Tier.CPU) & gpu).sum()
-        # attention reads GPU positions only: before the step's update for decode_step
-        # policies, after the per-layer select (which may recall) for query-aware ones
-        readable = (cur if pol.query_aware else prev) == Tier.GPU
-        assert read_logged[s - 1] <= readable.sum(), f"{label}: read more than GPU at step {s - 1}"
-        if not pol.query_aware:
-            assert read_logged[s - 1] == readable.sum()
-
-    summ = run.summary
-    assert 0.0 <= summ["r_gpu"] <= summ["r_gpu_cpu"] + 1e-12 <= 1.0 + 1e-12
-    assert summ["r_gpu_max"] <= 1.0 + 1e-12
-    assert 0.0 <= summ["read_fraction"] <= 1.0 + 1e-12
-    assert np.isfinite(summ["attn_recall"]) and -1e-9 <= summ["attn_recall"] <= 1 + 1e-9
-
-    page_budget = getattr(pol, "page_budget", None)
-    page_size = getattr(pol, "page_size", None)
-    if page_budget is not None and page_size is not None:
-        if pol.saves_capacity:
-            for cur in tiers:
-                n = _page_counts(cur == Tier.GPU, page_size)
-                assert (n <= page_budget).all(), f"{label}: {n.max()} pages > budget {page_budget}"
-        else:  # everything resident: the page budget bounds what attention reads
-            dense = min(int(getattr(pol, "dense_layers", 0)), L)  # layers left uncompressed
-            bound = (L - dense) * h_kv * page_budget * page_size + dense * h_kv * t_a
-            assert (read_logged <= bound).all(), f"{label}: read more than its page budget"
-
-
 # ----------------------------------------------------------------------------- properties
 RECALLABLE = [n for n, c in available().items() if c.recallable]
 _SETTINGS = settings(
@@ -211,11 +122,11 @@ def _draw_and_check(name: str, data: st.DataObject, recall_path: bool) -> bool:
     spec = PolicySpec(name, budget, params)
     try:
         spec.make()
-        run, pol, trace = replay_one(spec, audio_s, steps, seed, preset)
+        run, pol, _ = replay_one(spec, audio_s, steps, seed, preset)
     except ValueError as exc:  # an invalid or infeasible combination: a clear error
         note(f"rejected: {exc}")
         assume(False)
-    check_invariants(run, pol, trace)
+    check_invariants(run, pol)
     return int(run.step_log["h2d_tokens"].sum()) > 0
 
 
@@ -251,9 +162,9 @@ def test_recallable_policies_do_recall(name: str) -> None:
     for budget in (0.2, 0.4):
         # "small" has 8 KV-heads: WnW's paper default of 5 anchors does not fit r = 0.2
         params = {"n_anchor": 1} if name == "wnw" else {}
-        run, pol, trace = replay_one(PolicySpec(name, budget, params), 30.0, 20, 4,
+        run, pol, _ = replay_one(PolicySpec(name, budget, params), 30.0, 20, 4,
                                      preset="small")
-        check_invariants(run, pol, trace)
+        check_invariants(run, pol)
         n = int(run.step_log["h2d_tokens"].sum())
         if n:
             assert run.summary["r_gpu_cpu"] > run.summary["r_gpu"]  # recalled from a CPU copy
@@ -273,7 +184,7 @@ def test_defaults_run_at_paper_budgets(name: str) -> None:
                     trace, [PolicySpec(name, budget)], ReplayConfig(record_tiers=True)
                 )
             assert len(runs) == 1, f"{name} was dropped (missing calibration?)"
-            check_invariants(runs[0], made[0], trace)
+            check_invariants(runs[0], made[0])
 
 
 def test_full_reproduces_full_attention_exactly() -> None:
