@@ -143,7 +143,9 @@ def test_invariants_of_recallable_policies_reach_the_recall_path(name: str) -> N
     draws do recall (before steering: WnW 2 of 20, ArkVale 0 of 20)."""
     recalled: list[bool] = []
 
-    @_SETTINGS
+    # derandomized: the share is a property of these 20 draws, the same on every run and
+    # machine (a random set of 20 would make the threshold a coin toss)
+    @settings(_SETTINGS, derandomize=True, database=None)
     @given(data=st.data())
     def check(data: st.DataObject) -> None:
         recalled.append(_draw_and_check(name, data, recall_path=True))
