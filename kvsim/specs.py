@@ -32,13 +32,27 @@ def parse_policies(args: list[str], budget: float) -> list[PolicySpec]:
             names = list(registry.available()) if name == "all" else [name]
             params = _hyperparameters(item, pairs)
             for n in names:
-                cls = registry.get(n)
-                unknown = set(params) - set(cls.hyperparameters())
-                if unknown:
-                    raise ValueError(f"policy {n!r} has no hyperparameter {', '.join(sorted(unknown))}; "
-                                     f"it has: {', '.join(cls.hyperparameters()) or '(none)'}")
-                specs.append(PolicySpec(n, budget, params, source))
+                specs.append(_checked_spec(item, n, budget, params, source))
     return specs
+
+
+def _checked_spec(item: str, name: str, budget: float, params: dict,
+                  source: str | None) -> PolicySpec:
+    """The spec of ``name`` with ``params``, its hyperparameters checked by building the
+    policy once, so that a bad value is one error before any work (not one per trace)."""
+    try:
+        cls = registry.get(name)
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+    unknown = set(params) - set(cls.hyperparameters())
+    if unknown:
+        raise ValueError(f"policy {name!r} has no hyperparameter {', '.join(sorted(unknown))}; "
+                         f"it has: {', '.join(cls.hyperparameters()) or '(none)'}")
+    try:
+        cls(budget=1.0, **params)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"-p {item}: {exc}") from None
+    return PolicySpec(name, budget, params, source)
 
 
 def _hyperparameters(item: str, pairs: list[str]) -> dict:
