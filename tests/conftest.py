@@ -7,9 +7,35 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import importlib.abc  # noqa: E402
+import importlib.util  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
+#: the repository's top-level rooms and the names they install as (pyproject.toml)
+_ROOMS = {"kvsim.policies": "policies", "kvsim.tracer": "tracer", "kvsim.live": "live",
+          "kvsim.studies": "studies", "kvsim.minivox": "minivox"}
+
+
+class _ThisCheckout(importlib.abc.MetaPathFinder):
+    """Import ``kvsim.policies``, ``kvsim.live``, ... from the checkout these tests are in,
+    whatever an editable install maps them to: a second checkout, or mutmut's copy of the
+    source under ``mutants/``, then tests its own code. Rooms missing here fall through."""
+
+    root = Path(__file__).resolve().parents[1]
+
+    def find_spec(self, fullname, path=None, target=None):
+        folder = _ROOMS.get(fullname)
+        init = self.root / folder / "__init__.py" if folder else None
+        if init is None or not init.is_file():
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname, init, submodule_search_locations=[str(init.parent)])
+
+
+sys.meta_path.insert(0, _ThisCheckout())
 
 from kvsim.synth import SynthConfig, synthesize  # noqa: E402
 from kvsim.trace import Trace, write_trace  # noqa: E402
