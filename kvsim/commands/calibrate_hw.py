@@ -75,5 +75,4 @@ def calibrate_hw(
     console.print(f"wrote {out} (preset {preset.name!r})")
 
 
-def register(app: typer.Typer) -> None:
-    app.command("calibrate-hw")(calibrate_hw)
+COMMANDS = (calibrate_hw,)

@@ -154,5 +154,4 @@ def _print_table(frame, title: str) -> None:
     print_table(frame, Console(width=max(Console().width, 150)), title, SCREEN)
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(live)
+COMMANDS = (live,)

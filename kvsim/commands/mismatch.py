@@ -58,5 +58,4 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x != x else f"{x:.3f}"
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(mismatch)
+COMMANDS = (mismatch,)

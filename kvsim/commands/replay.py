@@ -199,5 +199,4 @@ def _simulate(results: list, out: Path, gpu: str, modes: str) -> None:
     print_sim_table(sim, Console(), title=f"simulated on {gpu}")
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(replay)
+COMMANDS = (replay,)

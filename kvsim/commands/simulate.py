@@ -234,5 +234,4 @@ def _check_options(batch: int, retention: float, tidal_heads: int, anchor_heads:
     check_range("--capacity-gib", capacity_gib, 0, low_open=True)
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(simulate)
+COMMANDS = (simulate,)
