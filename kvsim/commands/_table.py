@@ -52,10 +52,26 @@ def shown_columns(available: Sequence[str], columns: Sequence[Column], wide: boo
     return [c for c in columns if c.key in available and (wide or c.compact)]
 
 
+#: Cell format: 4 significant digits, whole numbers with thousands separators from 10^4 on.
+SIGNIFICANT = "significant"
+
+
+def auto_columns(frame: pl.DataFrame) -> list[Column]:
+    """Every column of ``frame`` under its own name: text left-aligned, floats to 4
+    significant digits, all in the compact set (for tables whose every column matters)."""
+    def fmt(dtype: pl.DataType) -> str:
+        return SIGNIFICANT if dtype.is_float() else "{}"
+
+    return [Column(name, name, fmt(dtype), text=dtype == pl.String)
+            for name, dtype in frame.schema.items()]
+
+
 def format_cell(value: object, fmt: str) -> str:
     """``value`` through ``fmt``; ``-`` for a missing value (None or NaN)."""
     if value is None or (isinstance(value, float) and value != value):
         return "-"
+    if fmt == SIGNIFICANT:
+        return (f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}") if isinstance(value, float) else str(value)
     return fmt.format(value)
 
 
@@ -77,8 +93,7 @@ def print_frame(frame: pl.DataFrame, columns: Sequence[Column], *, fmt: TableFor
         sys.stdout.write(frame.select([c.key for c in cols]).write_csv())
         return
     if fmt == TableFormat.markdown:
-        head = [f"**{title}**", ""] if title else []
-        sys.stdout.write("\n".join(head + markdown_lines(frame, cols)) + "\n")
+        sys.stdout.write("\n".join(markdown_lines(frame, cols)) + "\n")
         return
     table = new_table(title)
     for c in cols:
@@ -91,12 +106,17 @@ def print_frame(frame: pl.DataFrame, columns: Sequence[Column], *, fmt: TableFor
 def new_table(title: str | None = None) -> Table:
     """The commands' table style: a header rule, no vertical lines (fits more in 80 columns)."""
     return Table(title=Text(title) if title else None, header_style="bold", box=box.SIMPLE_HEAD,
-                 pad_edge=False)
+                 pad_edge=False, show_edge=False)
 
 
 def print_whole(renderable: Table, console: Console | None = None) -> None:
     """Print a table at the terminal's width, or at its own natural width when wider, so
     that no cell is cut (rich would shorten cells with ``…`` to fit)."""
     console = console or Console(emoji=False, highlight=False)
-    needed = console.measure(renderable).maximum
-    console.print(renderable, width=max(console.width, needed), markup=False)
+    needed = console.measure(renderable, options=console.options.update_width(10_000)).maximum
+    width = console.width
+    console.width = max(width, needed)  # print() clamps its width= to the console's
+    try:
+        console.print(renderable, markup=False)
+    finally:
+        console.width = width

@@ -30,7 +30,7 @@ def policies(fmt: FormatOption = TableFormat.table) -> None:
     console = Console(emoji=False, highlight=False)
     for name, paper, kind, hp in rows:
         console.print(Text.assemble((name, "bold"), f"  ({kind})"))
-        console.print(Padding(Text(paper), (0, 0, 0, 2)))
+        console.print(Padding(Text(paper), (0, 0, 0, 2), expand=False))
         width = max((len(k) for k in hp), default=0)
         for key, value in hp.items():
             console.print(Text(f"    {key:<{width}} = {value!r}"), soft_wrap=True)

@@ -56,8 +56,10 @@ def each_trace(args: list[Path], work: Callable[[Path], None], label: str = "err
 
 
 def info(traces: Annotated[list[Path], typer.Argument(help="*.kvtrace directories or folders of traces")]) -> None:
-    """Print a summary of each trace (the checks made on open; `kvsim validate` also checks
-    checksums and scans for NaN/inf). Exits non-zero if any trace is broken."""
+    """Print a summary of each trace (the checks made on open; `kvsim validate` also checks checksums and scans for NaN/inf).
+
+    Exits non-zero if any trace is broken; files that are not traces (a README in traces/*) are reported and skipped.
+    """
     out = Console(emoji=False)
     if each_trace(traces, lambda path: out.print(_info_table(path))):
         raise typer.Exit(1)
@@ -91,6 +93,8 @@ def _info_table(path: Path) -> Table:
         ("provenance", ", ".join(f"{k}={v}" for k, v in m.provenance.items() if isinstance(v, str | int | float))[:200]),
     ]
     table = Table(title=escape(f"{t.name} ({t.path})"), show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # long paths and hashes wrap, never cut
     for k, v in rows:  # every value may hold user text: escaped, never read as markup
         table.add_row(k, escape(v))
     return table
@@ -98,7 +102,9 @@ def _info_table(path: Path) -> Table:
 
 def validate(traces: Annotated[list[Path], typer.Argument(help="Trace directories or folders of traces")]) -> None:
     """Check traces completely (schema, manifest, checksums, shapes, NaN scan, positions).
-    Prints one line per trace (broken ones on stderr); exits non-zero if any is broken."""
+
+    Prints one line per trace (broken ones on stderr); exits non-zero if any is broken. Files that are not traces (a README in traces/*) are reported and skipped.
+    """
     from kvsim.trace.validate import validate_trace
 
     out = Console(soft_wrap=True, emoji=False, highlight=False)
