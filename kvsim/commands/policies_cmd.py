@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 
 from rich.console import Console
-from rich.padding import Padding
 from rich.text import Text
 
 from kvsim.commands._table import FormatOption, TableFormat
@@ -30,7 +30,8 @@ def policies(fmt: FormatOption = TableFormat.table) -> None:
     console = Console(emoji=False, highlight=False)
     for name, paper, kind, hp in rows:
         console.print(Text.assemble((name, "bold"), f"  ({kind})"))
-        console.print(Padding(Text(paper), (0, 0, 0, 2), expand=False))
+        for line in textwrap.wrap(paper, max(console.width - 2, 20), break_long_words=False):
+            console.print(Text(f"  {line}"), soft_wrap=True)
         width = max((len(k) for k in hp), default=0)
         for key, value in hp.items():
             console.print(Text(f"    {key:<{width}} = {value!r}"), soft_wrap=True)

@@ -1,0 +1,162 @@
+"""The commands read at 80 columns through a pipe, in a log (CSV, markdown), and as a shell
+glob hands them their arguments; ``kvsim trace`` fails fast on bad inputs; the recall chart
+draws one line per (trace, policy)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from tests.conftest import make_trace
+
+runner = CliRunner()
+NARROW = {"COLUMNS": "80"}  # what `... | cat` gives rich: no terminal, 80 columns
+LONG_NAMES = ("a-rather-long-trace-name-0001", "second-trace-with-long-name")
+POLICIES = ("full", "snapkv(window=8)", "streaming", "pyramidkv")
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("tr")
+    for i, name in enumerate(LONG_NAMES):
+        make_trace(d / f"{name}.kvtrace", preset="minivox", seconds=6, steps=5, seed=i)
+    (d / "README.md").write_text("not a trace\n")  # what `traces/*` also expands to
+    return d
+
+
+@pytest.fixture(scope="module")
+def replay_out(traces, tmp_path_factory) -> tuple[Path, object]:
+    out = tmp_path_factory.mktemp("run")
+    args = ["replay", *map(str, sorted(traces.iterdir())), "-p", "full,snapkv:window=8,streaming,pyramidkv",
+            "-b", "0.2,0.45", "-o", str(out), "--simulate", "h100-sxm", "--sim-mode", "sync"]
+    return out, runner.invoke(app, args, env=NARROW)
+
+
+def _assert_whole_names(text: str, names) -> None:
+    assert "…" not in text, text
+    for name in names:
+        assert name in text, f"{name!r} cut or missing in:\n{text}"
+
+
+def test_replay_glob_with_a_readme_and_its_tables_at_80_columns(replay_out, traces) -> None:
+    out, res = replay_out
+    assert res.exit_code == 0, res.output
+    assert res.stderr.count("README.md") == 1 and "skipped:" in res.stderr  # reported once
+    _assert_whole_names(res.stdout, LONG_NAMES + POLICIES + ("0.45",))
+    assert "simulated on h100-sxm" in res.stdout
+
+
+@pytest.mark.parametrize("fmt", ["csv", "markdown"])
+def test_replay_formats_for_logs(traces, tmp_path, fmt) -> None:
+    res = runner.invoke(app, ["replay", str(traces), "-p", "full,snapkv:window=8", "-o", str(tmp_path),
+                              "--format", fmt, "--wide"], env=NARROW)
+    assert res.exit_code == 0, res.output
+    if fmt == "csv":
+        frame = pl.read_csv(io.StringIO(res.stdout))
+        stored = pl.read_parquet(tmp_path / "results.parquet")
+        assert frame.height == stored.height == 4
+        assert {"trace", "label", "r_gpu_cpu", "topk_jaccard"} <= set(frame.columns)  # --wide: all
+        assert sorted(frame["label"]) == sorted(stored["label"])
+    else:
+        lines = res.stdout.strip().splitlines()
+        assert lines[0].startswith("| trace | policy |") and len(lines) == 2 + 4
+        _assert_whole_names(res.stdout, LONG_NAMES + ("snapkv(window=8)",))
+
+
+def test_policies_shows_every_default_of_every_policy() -> None:
+    from kvsim.policies import registry
+
+    res = runner.invoke(app, ["policies"], env=NARROW)
+    assert res.exit_code == 0, res.output
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80
+    for name, cls in registry.available().items():
+        assert f"\n{name}  (" in "\n" + res.stdout
+        for key, value in cls.hyperparameters().items():
+            assert f"{key} = {value!r}" in " ".join(res.stdout.split()), (name, key)
+    csv = pl.read_csv(io.StringIO(runner.invoke(app, ["policies", "--format", "csv"]).stdout))
+    expected = sum(max(len(c.hyperparameters()), 1) for c in registry.available().values())
+    assert csv.height == expected and set(csv["policy"]) == set(registry.available())
+
+
+def test_info_validate_mismatch_simulate_take_a_glob(replay_out, traces) -> None:
+    args = [str(p) for p in sorted(traces.iterdir())]
+    for cmd in ("info", "validate", "mismatch"):
+        res = runner.invoke(app, [cmd, *args], env=NARROW)
+        assert res.exit_code == 0, (cmd, res.output)
+        assert res.stderr.count("README.md") == 1, (cmd, res.stderr)
+        _assert_whole_names(res.stdout, LONG_NAMES)
+    res = runner.invoke(app, ["info", str(traces / "README.md")])
+    assert res.exit_code == 2 and "no *.kvtrace trace among" in res.output
+    res = runner.invoke(app, ["simulate", str(replay_out[0])], env=NARROW)
+    assert res.exit_code == 0, res.output
+    _assert_whole_names(res.stdout, [f"{LONG_NAMES[0]}__snapkv(window=8)__0.45"])
+
+
+def test_simulate_table_csv_parses() -> None:
+    res = runner.invoke(app, ["simulate", "--table", "capacity", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    frame = pl.read_csv(io.StringIO(res.stdout))
+    assert frame.height > 0 and "policy" in frame.columns
+
+
+PROBE = """
+import sys, time
+from typer.testing import CliRunner
+from kvsim.cli import app
+t0 = time.perf_counter()
+res = CliRunner().invoke(app, ["trace", "--model", "qwen-omni", *sys.argv[1:]])
+print(res.exit_code, round(time.perf_counter() - t0, 2), "torch" in sys.modules,
+      "transformers" in sys.modules)
+print(res.output)
+"""
+
+
+@pytest.mark.parametrize("case", ["missing", "empty-folder", "not-audio", "unreadable"])
+def test_trace_checks_inputs_before_loading_a_model(tmp_path, case) -> None:
+    arg = tmp_path / "audio"
+    if case == "empty-folder":
+        arg.mkdir()
+    elif case == "not-audio":
+        arg = tmp_path / "notes.txt"
+        arg.write_text("x")
+    elif case == "unreadable":
+        arg = tmp_path / "a.wav"
+        arg.write_bytes(b"RIFF not really a wave file")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(arg), "-o", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    code, _, torch_loaded, transformers_loaded = proc.stdout.split("\n")[0].split()
+    assert code == "2", proc.stdout + proc.stderr
+    assert torch_loaded == "False" and transformers_loaded == "False"  # no model stack touched
+    assert str(arg) in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "out").exists() and time.perf_counter() - t0 < 60
+
+
+def test_trace_writes_to_traces_by_default() -> None:
+    import inspect
+
+    from kvsim.commands.trace import trace
+
+    assert inspect.signature(trace).parameters["out"].default == Path("traces")
+
+
+def test_recall_chart_one_line_per_trace_and_policy(replay_out) -> None:
+    from kvsim.plots import recall_vs_rgpu
+
+    frame = pl.read_parquet(replay_out[0] / "results.parquet")
+    spec = recall_vs_rgpu(frame).to_dict()
+    assert spec["facet"]["field"] == "trace"  # one panel per trace: no line crosses traces
+    marks = [layer["mark"]["type"] for layer in spec["spec"]["layer"]]
+    assert marks == ["line", "point"]
+    enc = spec["spec"]["layer"][0]["encoding"]
+    assert enc["color"]["field"] == "label" and enc["y"]["field"] == "attn_recall"
+    assert "aggregate" not in enc["y"]  # points are runs, not means over traces
+    assert enc["order"]["field"] == "budget"
