@@ -160,3 +160,28 @@ def test_recall_chart_one_line_per_trace_and_policy(replay_out) -> None:
     assert enc["color"]["field"] == "label" and enc["y"]["field"] == "attn_recall"
     assert "aggregate" not in enc["y"]  # points are runs, not means over traces
     assert enc["order"]["field"] == "budget"
+
+
+def test_help_texts_have_no_hard_line_breaks() -> None:
+    """--help rewraps a paragraph only when it is one line: a newline inside a paragraph of a
+    docstring or an option's help makes ragged lines at any width."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        for paragraph in (command.help or "").strip().split("\n\n"):
+            assert "\n" not in paragraph.strip(), (name, paragraph)
+        for param in command.params:
+            assert "\n" not in (getattr(param, "help", None) or ""), (name, param.name)
+
+
+def test_replay_of_the_shipped_traces_fits_80_columns(tmp_path) -> None:
+    """The compact column set is sized for the shipped traces: every policy's row, names
+    whole, within 80 columns (the --wide table may be wider)."""
+    from kvsim.policies import registry
+
+    res = runner.invoke(app, ["replay", "-p", "all", "--max-steps", "3", "-o", str(tmp_path)], env=NARROW)
+    assert res.exit_code == 0, res.output
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80, res.stdout
+    names = [p.name.removesuffix(".kvtrace") for p in (Path(__file__).parents[1] / "traces").glob("*.kvtrace")]
+    _assert_whole_names(res.stdout, names + [n for n in registry.available() if not n.startswith("_")])

@@ -12,8 +12,7 @@ from typing import Annotated
 
 import typer
 
-from kvsim.commands._errors import err as console
-from kvsim.commands._errors import fail
+from kvsim.commands._errors import err, fail
 
 
 def calibrate_hw(
@@ -58,19 +57,19 @@ def calibrate_hw(
                 fail("no CUDA GPU here (torch.cuda.is_available() is False): calibrate-hw needs "
                      "one. Use --host-only for the CPU host cost, or --from-json to refit saved "
                      "measurements.", code=3)
-            meas = measure_cuda(mp, quick=quick, log=lambda s: console.print(s))
+            meas = measure_cuda(mp, quick=quick, log=lambda s: err.print(s))
             out.parent.mkdir(parents=True, exist_ok=True)
             raw = out.with_suffix(".measurements.json")
             raw.write_text(json.dumps(meas.to_json(), indent=1))
-            console.print(f"wrote {raw}")
+            err.print(f"wrote {raw}")
             command = "kvsim calibrate-hw" + (" --quick" if quick else "")
         fitted = fit_gpu_fields(meas, bp, mp)
         preset = write_gpu_preset(out, bp, fitted, meas, name or f"{bp.name}-calibrated", command)
     except (CalibrationError, PresetError) as exc:
         fail(exc)
     for k, v in fitted.items():
-        console.print(f"{k:24s} {getattr(bp, k):>10.3f} -> {v:>10.3f}")
-    console.print(f"wrote {out} (preset {preset.name!r})")
+        err.print(f"{k:24s} {getattr(bp, k):>10.3f} -> {v:>10.3f}")
+    err.print(f"wrote {out} (preset {preset.name!r})")
 
 
 COMMANDS = (calibrate_hw,)

@@ -110,19 +110,7 @@ def simulate(
     """Simulate decode steps on a SimPy model of the host, CUDA streams, HBM and PCIe."""
     import polars as pl
 
-    from kvsim.sim import (
-        AnalyticError,
-        AnalyticPolicy,
-        ModeError,
-        PresetError,
-        SimMode,
-        WorkloadError,
-        analytic_workload,
-        from_step_log,
-        max_batch,
-        model_preset,
-        simulate_workload,
-    )
+    from kvsim.sim import AnalyticError, ModeError, PresetError, SimMode, WorkloadError
 
     if markdown:
         fmt = TableFormat.markdown
@@ -131,70 +119,21 @@ def simulate(
                        anchor_heads=anchor_heads, audio_minutes=audio_minutes, churn=churn,
                        decode_steps=decode_steps, capacity_gib=capacity_gib)
         if table:
-            from kvsim.sim import tables
-
-            if table == "wnw4":
-                frame = tables.wnw_table4(gpu=_split(gpu)[0], runtime=runtime)
-            elif table == "capacity":
-                frame = tables.capacity_table()
-            elif table == "memory":
-                frame = tables.memory_over_steps(model or "voxtral-mini-3b", _split(gpu)[0],
-                                                 audio_minutes * 60)
-                if out:
-                    from kvsim.plots import save_chart
-
-                    chart = tables.memory_chart(frame, f"GPU KV cache over decode steps ({model or 'voxtral-mini-3b'}, {audio_minutes:g} min audio)")
-                    for p in save_chart(chart, out / "memory_over_steps"):
-                        err.print(f"wrote {p}", markup=False)
-                frame = frame.group_by("policy", "r_gpu").agg(
-                    pl.col("gib").first().alias("gib_first_step"), pl.col("gib").max().alias("gib_peak"),
-                    pl.col("gib").last().alias("gib_last_step")).sort("policy", "r_gpu")
-            else:
-                raise ValueError(f"unknown table {table!r}; use wnw4, capacity or memory")
-            print_frame(frame, auto_columns(frame), fmt=fmt, title=f"kvsim simulate --table {table}")
-            if out:
-                out.mkdir(parents=True, exist_ok=True)
-                frame.write_parquet(out / f"table_{table}.parquet")
+            _documented_table(table, _split(gpu)[0], runtime, model, audio_minutes, out, fmt)
             return
         gpus, modes = _split(gpu), _split(mode)
         for m in modes:
             SimMode.parse(m)
-        jobs = []
+        if runs is not None and policy:
+            raise ValueError("give either a replay directory or --policy, not both")
         if runs is not None:
-            if policy:
-                raise ValueError("give either a replay directory or --policy, not both")
-            for name, pq, js in _step_logs(runs):
-                facts = _load_facts(js)
-                try:
-                    mp = model_preset(model or facts.model)
-                except PresetError as exc:
-                    raise PresetError(f"{js}: {exc} (or pass --model)") from None
-                jobs.append((name, from_step_log(pl.read_parquet(pq, glob=False), facts), mp))
+            jobs = _step_log_jobs(runs, model)
         elif policy:
-            if not model:
-                raise ValueError("analytic mode needs --model (e.g. voxtral-mini-3b)")
-            mp = model_preset(model)
-            pol = AnalyticPolicy(policy, retention if policy != "full" else 1.0,
-                                 tidal_heads=tidal_heads if policy == "wnw" else 0,
-                                 anchor_heads=anchor_heads, churn_segments_per_step=churn)
-            wl = analytic_workload(mp, pol, audio_minutes * 60, decode_steps)
-            jobs.append((f"{mp.name}__{policy}__{pol.r_gpu:g}", wl, mp))
+            jobs = [_analytic_job(model, policy, retention, tidal_heads, anchor_heads, churn,
+                                  audio_minutes, decode_steps)]
         else:
             raise ValueError("nothing to simulate: give a replay directory, --policy, or --table")
-        rows, frames = [], []
-        for name, wl, mp in jobs:
-            for g in gpus:
-                for m in modes:
-                    res = simulate_workload(wl, g, m, model=mp, runtime=runtime, batch=batch)
-                    row = {"name": name, **res.summary(), "mode": m}
-                    if capacity:
-                        b = max_batch(wl, g, m, model=mp, runtime=runtime, capacity_gib=capacity_gib)
-                        row["max_batch"] = b
-                        row["tokens_per_s_at_max_batch"] = (simulate_workload(
-                            wl, g, m, model=mp, runtime=runtime, batch=b).summary()["tokens_per_s"]
-                            if b else 0.0)
-                    rows.append(row)
-                    frames.append((f"{name}__{res.gpu}__{m}", res.per_step))
+        rows, frames = _simulate_jobs(jobs, gpus, modes, runtime, batch, capacity, capacity_gib)
     except (PresetError, WorkloadError, ModeError, AnalyticError, ValueError,
             FileNotFoundError) as exc:
         fail(exc)
@@ -206,6 +145,93 @@ def simulate(
         for name, frame in frames:
             frame.write_parquet(out / "sim_steps" / f"{name}.parquet")
         err.print(f"wrote {out}/sim_results.parquet and {len(frames)} per-step logs", markup=False)
+
+
+def _documented_table(table: str, gpu: str, runtime: str, model: str | None, audio_minutes: float,
+                      out: Path | None, fmt: TableFormat) -> None:
+    """Print (and with ``out`` write) one of the documented tables: wnw4, capacity, memory."""
+    import polars as pl
+
+    from kvsim.sim import tables
+
+    if table == "wnw4":
+        frame = tables.wnw_table4(gpu=gpu, runtime=runtime)
+    elif table == "capacity":
+        frame = tables.capacity_table()
+    elif table == "memory":
+        name = model or "voxtral-mini-3b"
+        frame = tables.memory_over_steps(name, gpu, audio_minutes * 60)
+        if out:
+            from kvsim.plots import save_chart
+
+            chart = tables.memory_chart(frame, f"GPU KV cache over decode steps ({name}, {audio_minutes:g} min audio)")
+            for p in save_chart(chart, out / "memory_over_steps"):
+                err.print(f"wrote {p}", markup=False)
+        frame = frame.group_by("policy", "r_gpu").agg(
+            pl.col("gib").first().alias("gib_first_step"), pl.col("gib").max().alias("gib_peak"),
+            pl.col("gib").last().alias("gib_last_step")).sort("policy", "r_gpu")
+    else:
+        raise ValueError(f"unknown table {table!r}; use wnw4, capacity or memory")
+    print_frame(frame, auto_columns(frame), fmt=fmt, title=f"kvsim simulate --table {table}")
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        frame.write_parquet(out / f"table_{table}.parquet")
+
+
+def _step_log_jobs(runs: Path, model: str | None) -> list[tuple]:
+    """(name, workload, model preset) of every step log of a replay output."""
+    import polars as pl
+
+    from kvsim.sim import PresetError, from_step_log, model_preset
+
+    jobs = []
+    for name, pq, js in _step_logs(runs):
+        facts = _load_facts(js)
+        try:
+            mp = model_preset(model or facts.model)
+        except PresetError as exc:
+            raise PresetError(f"{js}: {exc} (or pass --model)") from None
+        jobs.append((name, from_step_log(pl.read_parquet(pq, glob=False), facts), mp))
+    return jobs
+
+
+def _analytic_job(model: str | None, policy: str, retention: float, tidal_heads: int,
+                  anchor_heads: int, churn: float, audio_minutes: float,
+                  decode_steps: int | None) -> tuple:
+    """(name, workload, model preset) of an analytic policy description."""
+    from kvsim.sim import AnalyticPolicy, analytic_workload, model_preset
+
+    if not model:
+        raise ValueError("analytic mode needs --model (e.g. voxtral-mini-3b)")
+    mp = model_preset(model)
+    pol = AnalyticPolicy(policy, retention if policy != "full" else 1.0,
+                         tidal_heads=tidal_heads if policy == "wnw" else 0,
+                         anchor_heads=anchor_heads, churn_segments_per_step=churn)
+    wl = analytic_workload(mp, pol, audio_minutes * 60, decode_steps)
+    return f"{mp.name}__{policy}__{pol.r_gpu:g}", wl, mp
+
+
+def _simulate_jobs(jobs: list[tuple], gpus: list[str], modes: list[str], runtime: str, batch: int,
+                   capacity: bool, capacity_gib: float | None) -> tuple[list[dict], list[tuple]]:
+    """One summary row and one per-step frame per (job, GPU, mode); ``capacity`` adds the
+    largest batch that fits in ``capacity_gib`` (None: the GPU preset's memory)."""
+    from kvsim.sim import max_batch, simulate_workload
+
+    rows, frames = [], []
+    for name, wl, mp in jobs:
+        for g in gpus:
+            for m in modes:
+                res = simulate_workload(wl, g, m, model=mp, runtime=runtime, batch=batch)
+                row = {"name": name, **res.summary(), "mode": m}
+                if capacity:
+                    b = max_batch(wl, g, m, model=mp, runtime=runtime, capacity_gib=capacity_gib)
+                    row["max_batch"] = b
+                    row["tokens_per_s_at_max_batch"] = (simulate_workload(
+                        wl, g, m, model=mp, runtime=runtime, batch=b).summary()["tokens_per_s"]
+                        if b else 0.0)
+                rows.append(row)
+                frames.append((f"{name}__{res.gpu}__{m}", res.per_step))
+    return rows, frames
 
 
 def _check_options(batch: int, retention: float, tidal_heads: int, anchor_heads: int,
