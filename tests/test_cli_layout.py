@@ -100,11 +100,15 @@ def test_info_validate_mismatch_simulate_take_a_glob(replay_out, traces) -> None
     _assert_whole_names(res.stdout, [f"{LONG_NAMES[0]}__snapkv(window=8)__0.45"])
 
 
-def test_simulate_table_csv_parses() -> None:
-    res = runner.invoke(app, ["simulate", "--table", "capacity", "--format", "csv"])
+def test_simulate_csv_parses_and_matches_the_parquet(tmp_path) -> None:
+    res = runner.invoke(app, ["simulate", "--policy", "wnw", "--model", "voxtral-mini-3b", "-g", "h100-sxm,h200",
+                              "--format", "csv", "--wide", "-o", str(tmp_path)])
     assert res.exit_code == 0, res.output
     frame = pl.read_csv(io.StringIO(res.stdout))
-    assert frame.height > 0 and "policy" in frame.columns
+    stored = pl.read_parquet(tmp_path / "sim_results.parquet")
+    assert frame["gpu"].to_list() == stored["gpu"].to_list() == ["h100-sxm", "h200"]
+    # raw values: CSV keeps the shortest repr of each float64, so the round trip is exact
+    assert frame["ms_per_token_mean"].to_list() == stored["ms_per_token_mean"].to_list()
 
 
 PROBE = """
@@ -140,12 +144,17 @@ def test_trace_checks_inputs_before_loading_a_model(tmp_path, case) -> None:
     assert not (tmp_path / "out").exists() and time.perf_counter() - t0 < 60
 
 
-def test_trace_writes_to_traces_by_default() -> None:
-    import inspect
+def test_trace_writes_to_traces_by_default(tmp_path, monkeypatch) -> None:
+    from tests.fixtures.checkpoints import tiny_checkpoint, write_tone
 
-    from kvsim.commands.trace import trace
-
-    assert inspect.signature(trace).parameters["out"].default == Path("traces")
+    ckpt = tiny_checkpoint("voxtral", tmp_path)
+    (tmp_path / "audio").mkdir()
+    write_tone(tmp_path / "audio" / "talk.wav", 1.0)
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["trace", "--model", str(ckpt), "audio/", "--max-new-tokens", "2",
+                              "--aligner", "none"])
+    assert res.exit_code == 0, res.output
+    assert [p.name for p in (tmp_path / "traces").glob("*.kvtrace")] == ["talk.kvtrace"]
 
 
 def test_recall_chart_one_line_per_trace_and_policy(replay_out) -> None:
