@@ -194,3 +194,19 @@ def test_replay_of_the_shipped_traces_fits_80_columns(tmp_path) -> None:
     assert max(len(line) for line in res.stdout.splitlines()) <= 80, res.stdout
     names = [p.name.removesuffix(".kvtrace") for p in (Path(__file__).parents[1] / "traces").glob("*.kvtrace")]
     _assert_whole_names(res.stdout, names + [n for n in registry.available() if not n.startswith("_")])
+
+
+def test_live_table_at_80_columns(tmp_path) -> None:
+    import numpy as np
+    import soundfile as sf
+
+    noise = (0.1 * np.random.default_rng(0).standard_normal(16000 * 4)).astype(np.float32)
+    sf.write(str(tmp_path / "talk.wav"), noise, 16000)
+    (tmp_path / "talk.txt").write_text("some reference words")
+    res = runner.invoke(app, ["live", str(tmp_path / "talk.wav"), "--model", "tiny", "-p",
+                              "full,snapkv:window=8,pyramidkv", "-b", "0.45", "--max-new-tokens", "3",
+                              "--transform", "none,affpool:0.5", "--no-plot", "-o", str(tmp_path / "o")],
+                        env=NARROW)
+    assert res.exit_code == 0, res.output
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80, res.stdout
+    _assert_whole_names(res.stdout, ("snapkv(window=8)", "pyramidkv", "affpool:0.5", "0.45"))
