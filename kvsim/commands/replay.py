@@ -231,6 +231,8 @@ def _simulate(results: list, out: Path, gpu: str, modes: str, shown: tuple[Table
         sim.write_parquet(tmp)
     if "label" not in sim.columns:
         sim = sim.with_columns(pl.col("policy").alias("label"))
+    if shown[0] != TableFormat.table:
+        sys.stdout.write("\n")  # markdown/csv: the second table starts after an empty line
     print_frame(sim, SIM_COLUMNS, fmt=shown[0], wide=shown[1], title=f"simulated on {gpu}")
 
 
