@@ -23,18 +23,21 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
+    """Register every function listed in a command module's ``COMMANDS`` under its name
+    (underscores become dashes: ``calibrate_hw`` is ``kvsim calibrate-hw``)."""
     import kvsim.commands as pkg
 
     for mod in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if mod.name.startswith("_"):
+            continue
         module = importlib.import_module(f"kvsim.commands.{mod.name}")
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(app)
+        for command in module.COMMANDS:
+            app.command(name=command.__name__.replace("_", "-"))(command)
 
 
 def set_single_thread() -> None:
     """One intra-op thread: measured ~20x faster than 2 OpenMP threads for small decode
-    steps on 2-core CPUs than 2 OpenMP threads). Respect an explicit user setting."""
+    steps on the development CPUs. Respect an explicit user setting."""
     if "torch" in sys.modules:
         import torch
 

@@ -1,4 +1,4 @@
-"""Writing replay outputs: the results table, per-step logs, and the on-screen table."""
+"""Writing replay outputs: the results table and the per-step logs."""
 
 from __future__ import annotations
 
@@ -7,26 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import polars as pl
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from kvsim.replay.engine import RunResult
 from kvsim.trace.atomic import atomic_file, atomic_write_text
-
-#: Columns shown on screen, with their headers and formats.
-SCREEN_COLUMNS = [
-    ("trace", "trace", "{}"),
-    ("label", "policy", "{}"),
-    ("budget", "target r", "{:.2f}"),
-    ("r_gpu", "r_GPU", "{:.3f}"),
-    ("r_gpu_cpu", "r_GPU+CPU", "{:.3f}"),
-    ("attn_recall", "attn recall", "{:.4f}"),
-    ("output_error", "out err", "{:.4f}"),
-    ("topk_jaccard", "top-K J", "{:.3f}"),
-    ("h2d_mb_per_step", "H2D MB/step", "{:.3f}"),
-    ("transfers_per_step", "copies/step", "{:.1f}"),
-]
 
 
 def step_log_name(result: RunResult) -> str:
@@ -64,49 +47,11 @@ def write_outputs(out: Path, results: Sequence[RunResult]) -> pl.DataFrame:
     return frame
 
 
-def print_table(frame: pl.DataFrame, console: Console | None = None, title: str = "kvsim replay",
-                columns: Sequence[tuple[str, str, str]] = SCREEN_COLUMNS,
-                left: Sequence[str] = ("trace", "label", "transform")) -> None:
-    """A rich table of ``frame``: (column, header, format) triples; missing columns skipped."""
-    console = console or Console()
-    table = Table(title=title, header_style="bold")
-    cols = [c for c in columns if c[0] in frame.columns]
-    for key, header, _ in cols:
-        table.add_column(header, justify="left" if key in left else "right")
-    for row in frame.iter_rows(named=True):
-        cells = []
-        for key, _, fmt in cols:
-            v = row[key]
-            cells.append("-" if v is None or (isinstance(v, float) and v != v) else escape(fmt.format(v)))
-        table.add_row(*cells)
-    console.print(table)
+def markdown_table(frame: pl.DataFrame, columns: Sequence[tuple[str, str, str]]) -> str:
+    """``frame`` as a GitHub markdown table in (column, header, format) triples (for the
+    results pages); columns the frame lacks are skipped."""
+    from kvsim.commands._table import Column, markdown_lines
 
-
-def markdown_table(frame: pl.DataFrame, columns: Sequence[tuple[str, str, str]] = SCREEN_COLUMNS) -> str:
-    """The same table as GitHub markdown (for the README)."""
-    cols = [c for c in columns if c[0] in frame.columns]
-    lines = ["| " + " | ".join(h for _, h, _ in cols) + " |",
-             "|" + "|".join("---" for _ in cols) + "|"]
-    for row in frame.iter_rows(named=True):
-        cells = []
-        for key, _, fmt in cols:
-            v = row[key]
-            cells.append("-" if v is None or (isinstance(v, float) and v != v) else fmt.format(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def print_sim_table(frame: pl.DataFrame, console: Console | None = None, title: str = "simulated") -> None:
-    """On-screen table of simulator summaries (one row per run and mode)."""
-    console = console or Console()
-    table = Table(title=title, header_style="bold")
-    preferred = ("ms_per_token_mean", "ms_per_token_median", "tokens_per_s", "peak_gpu_gib",
-                 "h2d_mb_per_step", "h2d_copies_per_step", "transfer_wait_share")
-    numeric = [c for c in preferred if c in frame.columns]
-    keys = ["trace", "policy", "budget", "sim_mode"]
-    for c in keys + numeric:
-        table.add_column(c, justify="left" if c in ("trace", "policy", "sim_mode") else "right")
-    for row in frame.iter_rows(named=True):
-        table.add_row(*[escape(str(row[c])) for c in keys[:2]], f"{row['budget']:.2f}", escape(str(row["sim_mode"])),
-                      *[f"{row[c]:.4g}" if row[c] is not None else "-" for c in numeric])
-    console.print(table)
+    cols = [Column(key, header, fmt, text=fmt == "{}") for key, header, fmt in columns
+            if key in frame.columns]
+    return "\n".join(markdown_lines(frame, cols))

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import polars as pl
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+
+from kvsim.commands._errors import err
+from kvsim.commands._table import FormatOption, TableFormat, WideOption
 
 
 def alignment(
@@ -19,66 +20,66 @@ def alignment(
     min_jump: Annotated[float, typer.Option(help="A jump is a move of the filtered path by more than this many seconds")] = 5.0,
     smooth: Annotated[int, typer.Option(help="Median filter width in answer tokens")] = 5,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write each trace's path as OUT/<trace>.alignment.parquet")] = None,
+    wide: WideOption = False,
+    fmt: FormatOption = TableFormat.table,
 ) -> None:
-    """Alignment path of each trace: the audio time of the attention peak per answer token in
-    the decoder's most monotonic layers; its jumps back (re-read audio: repeated text) and
-    forward (skipped audio), the audio it visits, and with --words whether the model writes
-    the word spoken where it looks. A broken trace is one line on stderr; the others are
-    measured; the exit code is non-zero if any failed."""
-    from kvsim.commands.traces import each_trace, print_error
+    """Alignment path of each trace: the audio time of the attention peak per answer token in the decoder's most monotonic layers; its jumps back (re-read audio: repeated text) and forward (skipped audio), the audio it visits, and with --words whether the model writes the word spoken where it looks.
+
+    A broken trace is one line on stderr; the others are measured; the exit code is non-zero if any failed.
+    """
+    from kvsim.commands._errors import fail
+    from kvsim.commands._table import Column, print_frame
+    from kvsim.commands.traces import each_trace, trace_arguments
     from kvsim.trace.reader import collect_traces
 
     chosen = _parse_options(layers, n_layers, smooth, min_jump)
+    traces = trace_arguments(traces)
     paths, _ = collect_traces(traces)
     if words and len(words) != len(paths):
-        print_error(f"--words: {len(words)} files for {len(paths)} traces")
-        raise typer.Exit(2)
+        fail(f"--words: {len(words)} files for {len(paths)} traces")
     words_of = dict(zip(paths, words, strict=True)) if words else {}
-    console = Console(width=max(Console().width, 150), emoji=False)
-    table = Table(title=f"Alignment paths (jumps > {min_jump:g} s)")
-    for col in ("trace", "layers (monotonicity)", "tokens", "jumps back", "jumps forward",
-                "audio visited", "writes what it reads"):
-        table.add_column(col, justify="left" if col == "trace" else "right")
+    rows: list[dict] = []
 
     def align_one(path: Path) -> None:
         row, jump_lines = _align_trace(path, words_of.get(path), chosen, n_layers, smooth, min_jump, out)
-        table.add_row(*row)
+        rows.append(row)
         for line in jump_lines:
-            console.print(line, markup=False, highlight=False)
+            err.print(line, markup=False, highlight=False)
 
     failed = each_trace(traces, align_one)
-    if table.row_count:
-        console.print(table)
+    if rows:
+        print_frame(pl.DataFrame(rows), [Column(k, h, text=k == "trace", compact=c) for k, h, c in COLUMNS],
+                    fmt=fmt, wide=wide, title=f"Alignment paths (jumps > {min_jump:g} s)")
     if failed:
         raise typer.Exit(1)
 
 
+#: (key, header, in the compact set) of the alignment table.
+COLUMNS = [("trace", "trace", True), ("layers", "layers (monotonicity)", False),
+           ("tokens", "tokens", True), ("back", "jumps back", True), ("forward", "jumps fwd", True),
+           ("visited", "audio visited", True), ("agreement", "word match", True)]
+
+
 def _parse_options(layers: str | None, n_layers: int, smooth: int, min_jump: float) -> list[int] | None:
     """Range-check the options (one line and exit 2 on a bad one); the chosen layers."""
-    from kvsim.commands.traces import print_error
+    from kvsim.commands._errors import fail
+    from kvsim.commands._options import OptionError, check_positive_ints, check_range
 
-    problems = []
-    chosen = None
-    if layers is not None:
-        try:
-            chosen = [int(x) for x in layers.split(",")]
-        except ValueError:
-            problems.append(f"--layers: {layers!r} is not a comma-separated list of integers")
-    if n_layers < 1:
-        problems.append(f"--n-layers: {n_layers} must be >= 1")
-    if smooth < 1:
-        problems.append(f"--smooth: {smooth} must be >= 1")
-    if not min_jump > 0:
-        problems.append(f"--min-jump: {min_jump} must be > 0")
-    for problem in problems:
-        print_error(problem)
-    if problems:
-        raise typer.Exit(2)
-    return chosen
+    try:
+        check_positive_ints(n_layers=n_layers, smooth=smooth)
+        check_range("--min-jump", min_jump, 0, low_open=True)
+    except OptionError as exc:
+        fail(exc)
+    if layers is None:
+        return None
+    try:
+        return [int(x) for x in layers.split(",")]
+    except ValueError:
+        fail(f"option --layers: {layers!r} is not a comma-separated list of integers")
 
 
 def _align_trace(path: Path, words: Path | None, layers: list[int] | None, n_layers: int,
-                 smooth: int, min_jump: float, out: Path | None) -> tuple[list[str], list[str]]:
+                 smooth: int, min_jump: float, out: Path | None) -> tuple[dict, list[str]]:
     """Measure one trace: its table row and its jump lines; writes the path under ``out``."""
     from kvsim.studies.alignment import alignment as measure
     from kvsim.studies.alignment import chance_agreement, word_agreement
@@ -100,13 +101,13 @@ def _align_trace(path: Path, words: Path | None, layers: list[int] | None, n_lay
     agree = (f"{word_agreement(res.path, ref):.0%} (chance {chance_agreement(res.path, ref):.0%})"
              if ref else "n/a (no --words)")
     back, forward = res.back_jumps, res.forward_jumps
-    row = [escape(trace.name),
-           ", ".join(f"{x} ({m:.2f})" for x, m in zip(res.layers, res.layer_monotonicity, strict=True)),
-           str(res.path.height),
-           f"{len(back)} ({-sum(j.seconds for j in back):.0f} s)",
-           f"{len(forward)} ({sum(j.seconds for j in forward):.0f} s)",
-           f"{min(res.covered_seconds(), speech):.0f} of {speech:.0f} s",
-           agree]
+    row = {"trace": trace.name,
+           "layers": ", ".join(f"{x} ({m:.2f})" for x, m in zip(res.layers, res.layer_monotonicity, strict=True)),
+           "tokens": res.path.height,
+           "back": f"{len(back)} ({-sum(j.seconds for j in back):.0f} s)",
+           "forward": f"{len(forward)} ({sum(j.seconds for j in forward):.0f} s)",
+           "visited": f"{min(res.covered_seconds(), speech):.0f} of {speech:.0f} s",
+           "agreement": agree}
     if out is not None:
         target = out / f"{trace.name}.alignment.parquet"
         try:
@@ -120,5 +121,4 @@ def _align_trace(path: Path, words: Path | None, layers: list[int] | None, n_lay
     return row, jumps
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(alignment)
+COMMANDS = (alignment,)

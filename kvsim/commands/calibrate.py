@@ -4,100 +4,81 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from kvsim.commands._errors import err, fail
 from kvsim.commands._options import MODEL_HELP
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("calibrate")
-    def calibrate(
-        inputs: list[Path] = typer.Argument(..., help="Calibration audio files or folders."),
-        model: str = typer.Option(..., "--model", "-m",
-                                  help=MODEL_HELP),
-        out: Path = typer.Option(..., "--out", "-o", help="heads.json to write."),
-        reference: Path | None = typer.Option(
-            None, "--reference", "-r",
-            help="Transcript/word alignment for one input, or a folder of <stem>.txt / "
-                 "<stem>.words.json|.words.tsv (also looked up next to each audio file)."),
-        task: str = typer.Option("transcribe", "--task"),
-        language: str | None = typer.Option(None, "--language"),
-        max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1),
-        device: str = typer.Option("cpu", "--device"),
-        dtype: str = typer.Option("float32", "--dtype"),
-        aligner: str = typer.Option("auto", "--aligner",
-                                    help="auto (reference file, else Whisper), reference, "
-                                         "whisper, none (sensitivity only)."),
-        top_k: int | None = typer.Option(None, "--top-k", min=1,
-                                         help="Top-K audio positions per head (default: one "
-                                              "spoken word, round(0.32 x tokens/s))."),
-        min_confidence: float = typer.Option(0.85, "--min-confidence"),
-        teacher: str = typer.Option("greedy", "--teacher",
-                                    help="Answer tokens for the sensitivity: greedy or "
-                                         "reference."),
-        max_tokens: int = typer.Option(64, "--max-tokens", min=1,
-                                       help="Answer tokens per sample for the sensitivity."),
-    ) -> None:
-        """Score every KV-head of MODEL on calibration audio and write heads.json."""
-        from rich.console import Console
+def calibrate(
+    inputs: Annotated[list[Path], typer.Argument(help="Calibration audio files or folders.")],
+    model: Annotated[str, typer.Option("--model", "-m", help=MODEL_HELP)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="heads.json to write.")],
+    reference: Annotated[Path | None, typer.Option("--reference", "-r", help="Transcript/word alignment for one input, or a folder of <stem>.txt / <stem>.words.json|.words.tsv (also looked up next to each audio file).")] = None,
+    task: Annotated[str, typer.Option(help="transcribe or translate.")] = "transcribe",
+    language: Annotated[str | None, typer.Option(help="Source language (transcribe) or target (translate), ISO 639-1.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Stop after this many tokens (>= 1).")] = 128,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="Weights dtype: float32, bfloat16, float16.")] = "float32",
+    aligner: Annotated[str, typer.Option(help="auto (reference file, else Whisper), reference, whisper, none (sensitivity only).")] = "auto",
+    top_k: Annotated[int | None, typer.Option(help="Top-K audio positions per head (default: one spoken word, round(0.32 x tokens/s)).")] = None,
+    min_confidence: Annotated[float, typer.Option(help="Aligned tokens below this word confidence are not counted.")] = 0.85,
+    teacher: Annotated[str, typer.Option(help="Answer tokens for the sensitivity: greedy or reference.")] = "greedy",
+    max_tokens: Annotated[int, typer.Option(help="Answer tokens per sample for the sensitivity (>= 1).")] = 64,
+) -> None:
+    """Score every KV-head of MODEL on calibration audio and write heads.json."""
+    from kvsim.commands._options import OptionError, check_positive_ints, check_range
+    from kvsim.commands.trace import batch_config, check_audio_inputs
+    from kvsim.tracer.calibrate import CalibrationConfig
 
-        from kvsim.commands.trace import expand_inputs
-        from kvsim.trace.heads import write_heads
-        from kvsim.tracer.backbones import BackboneError, LoadOptions, PromptSpec, resolve_model
-        from kvsim.tracer.batch import ALIGNERS, BatchConfig
-        from kvsim.tracer.calibrate import CalibrationConfig, calibrate_inputs
-        from kvsim.tracer.run import TraceOptions
+    try:
+        check_positive_ints(max_new_tokens=max_new_tokens, top_k=top_k, max_tokens=max_tokens)
+        check_range("--min-confidence", min_confidence, 0, 1)
+    except OptionError as exc:
+        fail(exc)
+    if teacher not in ("greedy", "reference"):
+        fail(f"--teacher {teacher}: must be greedy or reference")
+    files = check_audio_inputs(inputs)
+    cfg = batch_config(model, out.parent, device=device, dtype=dtype, aligner=aligner, task=task,
+                       language=language, reference=reference, max_new_tokens=max_new_tokens)
+    ccfg = CalibrationConfig(top_k=top_k, min_confidence=min_confidence, teacher=teacher,
+                             max_tokens=max_tokens)
+    _calibrate_and_write(files, cfg, ccfg, out, model)
 
-        console = Console(stderr=True)
-        if aligner not in ALIGNERS:
-            raise typer.BadParameter(f"must be one of {', '.join(ALIGNERS)}",
-                                     param_hint="--aligner")
-        if teacher not in ("greedy", "reference"):
-            raise typer.BadParameter("must be greedy or reference", param_hint="--teacher")
-        from kvsim.tracer.backbones.base import check_device_dtype
 
-        try:
-            resolve_model(model)
-            check_device_dtype(device, dtype)
-        except (BackboneError, ValueError) as exc:
-            console.print(f"[red]error:[/] {exc}")
-            raise typer.Exit(2) from None
-        files = expand_inputs(inputs)
-        if not files:
-            console.print("[red]error:[/] no audio inputs found")
-            raise typer.Exit(2)
-        cfg = BatchConfig(
-            model=model, out_dir=out.parent,
-            options=TraceOptions(max_new_tokens=max_new_tokens,
-                                 prompt=PromptSpec(task=task, language=language)),
-            load=LoadOptions(device=device, dtype=dtype), reference=reference, aligner=aligner)
-        ccfg = CalibrationConfig(top_k=top_k, min_confidence=min_confidence, teacher=teacher,
-                                 max_tokens=max_tokens)
-        t0 = time.perf_counter()
-        try:
-            run = calibrate_inputs(files, cfg, ccfg, console)
-        except (BackboneError, ValueError) as exc:
-            console.print(f"[red]error:[/] {str(exc).splitlines()[0]}")
-            raise typer.Exit(2) from None
-        run.provenance["wall_s"] = time.perf_counter() - t0
-        write_heads(out, run.scores, model, run.provenance)
-        vs, hs = run.scores.voice_score, run.scores.sensitivity
-        console.print(
-            f"{out}: {vs.shape[0]} layers x {vs.shape[1]} KV-heads from {run.n_ok} inputs "
-            f"({run.provenance['n_samples_voice']} with aligned tokens); "
-            f"VS mean {vs.mean():.3f}, HS mean {hs.mean():.3g}; "
-            f"{time.perf_counter() - t0:.1f} s")
-        from rich.table import Table
+def _calibrate_and_write(files: list[Path], cfg, ccfg, out: Path, model: str) -> None:
+    """Run the calibration, write ``out`` and print the summary and the top heads; exit 1
+    when an input failed."""
+    from kvsim.commands._table import new_table, print_whole
+    from kvsim.trace.heads import write_heads
+    from kvsim.tracer.backbones import BackboneError
+    from kvsim.tracer.calibrate import calibrate_inputs
 
-        table = Table(title="most important KV-heads (VS x HS)")
-        for col in ("rank", "layer", "kv-head", "VS", "HS", "VS x HS"):
-            table.add_column(col, justify="right")
-        for i, (layer, head) in enumerate(run.provenance["ranking_vs_x_hs"][:10]):
-            table.add_row(str(i + 1), str(layer), str(head), f"{vs[layer, head]:.3f}",
-                          f"{hs[layer, head]:.3g}", f"{vs[layer, head] * hs[layer, head]:.3g}")
-        console.print(table)
-        for path, reason in run.failures:
-            console.print(f"[red]failed[/] {path}: {reason}")
-        if run.failures:
-            raise typer.Exit(1)
+    t0 = time.perf_counter()
+    try:
+        run = calibrate_inputs(files, cfg, ccfg, err)
+    except (BackboneError, ValueError) as exc:
+        fail(str(exc).splitlines()[0])
+    run.provenance["wall_s"] = time.perf_counter() - t0
+    write_heads(out, run.scores, model, run.provenance)
+    vs, hs = run.scores.voice_score, run.scores.sensitivity
+    err.print(f"{out}: {vs.shape[0]} layers x {vs.shape[1]} KV-heads from {run.n_ok} inputs "
+              f"({run.provenance['n_samples_voice']} with aligned tokens); "
+              f"VS mean {vs.mean():.3f}, HS mean {hs.mean():.3g}; "
+              f"{time.perf_counter() - t0:.1f} s", markup=False)
+    table = new_table("most important KV-heads (VS x HS)")
+    for col in ("rank", "layer", "kv-head", "VS", "HS", "VS x HS"):
+        table.add_column(col, justify="right")
+    for i, (layer, head) in enumerate(run.provenance["ranking_vs_x_hs"][:10]):
+        table.add_row(str(i + 1), str(layer), str(head), f"{vs[layer, head]:.3f}",
+                      f"{hs[layer, head]:.3g}", f"{vs[layer, head] * hs[layer, head]:.3g}")
+    print_whole(table, err)
+    for path, reason in run.failures:
+        err.print(f"failed {path}: {reason}", markup=False)
+    if run.failures:
+        raise typer.Exit(1)
+
+
+COMMANDS = (calibrate,)

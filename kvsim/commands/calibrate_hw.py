@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-console = Console(stderr=True, soft_wrap=True)
+from kvsim.commands._errors import err, fail
 
 
 def calibrate_hw(
@@ -26,7 +25,7 @@ def calibrate_hw(
     host_only: Annotated[bool, typer.Option(help="Only measure eager-decode host cost (CPU; no GPU needed)")] = False,
     device: Annotated[str, typer.Option(help="--host-only: run the probe on this torch device (cpu or cuda)")] = "cpu",
 ) -> None:
-    """Microbenchmark a CUDA GPU (copies 4 KiB-1 GiB, call overheads, layer decode vs KV) and write a fitted preset."""
+    """Microbenchmark a CUDA GPU (copies 4 KiB-1 GiB, call overheads, layer decode vs KV) and write a fitted preset; exit code 3 without one."""
     from kvsim.sim.calibrate import (
         CalibrationError,
         Measurements,
@@ -55,25 +54,22 @@ def calibrate_hw(
             command = f"kvsim calibrate-hw --from-json {from_json}"
         else:
             if not cuda_available():
-                console.print("[red]error:[/] no CUDA GPU here (torch.cuda.is_available() is False): "
-                              "calibrate-hw needs one. Use --host-only for the CPU host cost, or "
-                              "--from-json to refit saved measurements.")
-                raise typer.Exit(3)
-            meas = measure_cuda(mp, quick=quick, log=lambda s: console.print(s))
+                fail("no CUDA GPU here (torch.cuda.is_available() is False): calibrate-hw needs "
+                     "one. Use --host-only for the CPU host cost, or --from-json to refit saved "
+                     "measurements.", code=3)
+            meas = measure_cuda(mp, quick=quick, log=lambda s: err.print(s))
             out.parent.mkdir(parents=True, exist_ok=True)
             raw = out.with_suffix(".measurements.json")
             raw.write_text(json.dumps(meas.to_json(), indent=1))
-            console.print(f"wrote {raw}")
+            err.print(f"wrote {raw}")
             command = "kvsim calibrate-hw" + (" --quick" if quick else "")
         fitted = fit_gpu_fields(meas, bp, mp)
         preset = write_gpu_preset(out, bp, fitted, meas, name or f"{bp.name}-calibrated", command)
     except (CalibrationError, PresetError) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc)
     for k, v in fitted.items():
-        console.print(f"{k:24s} {getattr(bp, k):>10.3f} -> {v:>10.3f}")
-    console.print(f"wrote {out} (preset {preset.name!r})")
+        err.print(f"{k:24s} {getattr(bp, k):>10.3f} -> {v:>10.3f}")
+    err.print(f"wrote {out} (preset {preset.name!r})")
 
 
-def register(app: typer.Typer) -> None:
-    app.command("calibrate-hw")(calibrate_hw)
+COMMANDS = (calibrate_hw,)

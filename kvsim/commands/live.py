@@ -7,17 +7,24 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
-console = Console(stderr=True, soft_wrap=True)
+from kvsim.commands._errors import err, fail, print_error
+from kvsim.commands._table import Column, FormatOption, TableFormat, WideOption, print_frame
 
-SCREEN = [
-    ("transform", "input", "{}"), ("label", "policy", "{}"), ("budget", "target r", "{:.2f}"),
-    ("r_gpu", "r_GPU", "{:.3f}"), ("r_gpu_vs_original", "r_GPU (orig.)", "{:.3f}"), ("r_gpu_cpu", "r_GPU+CPU", "{:.3f}"), ("wer", "WER", "{:.3f}"),
-    ("bleu", "BLEU", "{:.1f}"), ("length_ratio", "hyp/ref", "{:.2f}"),
-    ("termination_rate", "terminated", "{:.2f}"), ("h2d_mb_per_step", "H2D MB/step", "{:.3f}"),
-    ("ms_per_token", "ms/token", "{:.1f}"),
+#: The live summary: the compact set fits 80 columns with whole policy names.
+LIVE_COLUMNS = [
+    Column("transform", "input", text=True),
+    Column("label", "policy", text=True),
+    Column("budget", "r", "{:.2f}"),
+    Column("r_gpu", "r_GPU", "{:.3f}"),
+    Column("r_gpu_vs_original", "r_GPU (orig.)", "{:.3f}", compact=False),
+    Column("r_gpu_cpu", "r_GPU+CPU", "{:.3f}", compact=False),
+    Column("wer", "WER", "{:.3f}"),
+    Column("bleu", "BLEU", "{:.1f}", compact=False),
+    Column("length_ratio", "hyp/ref", "{:.2f}", compact=False),
+    Column("termination_rate", "ended", "{:.2f}"),
+    Column("h2d_mb_per_step", "MB/step", "{:.3f}"),
+    Column("ms_per_token", "ms/tok", "{:.1f}"),
 ]
 
 
@@ -44,11 +51,13 @@ def live(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory")] = Path("runs/live"),
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write the WER-vs-r_GPU chart")] = True,
     resume: Annotated[bool, typer.Option("--resume", help="Keep the inputs an interrupted run with the same options completed in --out; decode only the rest")] = False,
+    wide: WideOption = False,
+    fmt: FormatOption = TableFormat.table,
 ) -> None:
-    """Decode inputs with KV-cache policies applied inside the model's attention; report
-    truncated WER / BLEU, termination, measured r_GPU and r_GPU+CPU, H2D traffic, ms/token.
-    An input that cannot be read (empty, NaN/inf, silent, unreadable) or decoded is reported
-    in one line and skipped, never scored; the others run (exit code 1)."""
+    """Decode inputs with KV-cache policies applied inside the model's attention; report truncated WER / BLEU, termination, measured r_GPU and r_GPU+CPU, H2D traffic, ms/token.
+
+    An input that cannot be read (empty, NaN/inf, silent, unreadable) or decoded is reported in one line and skipped, never scored; the others run (exit code 1).
+    """
     import torch
 
     from kvsim.commands._options import check_positive_ints, check_range
@@ -74,12 +83,12 @@ def live(
         lm = load_backbone(model, device=device, dtype=dtype)
         run = RunDir.open(out, "live", [i.id for i in items], config, resume=resume)
     except (ValueError, KeyError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        fail(exc)
     with run:
         _decode_all(run, items, plan, lm,
                     LiveConfig(max_new_tokens=max_new_tokens, physical=physical, head_scores=scores),
-                    dict(max_seconds=max_seconds, instruction=instruction, language=language), plot)
+                    dict(max_seconds=max_seconds, instruction=instruction, language=language), plot,
+                    (fmt, wide))
     if run.manifest["status"] != "complete":
         raise typer.Exit(1)
 
@@ -121,8 +130,10 @@ def _check_unique_ids(items: list) -> None:
         seen[it.id] = it.audio_path
 
 
-def _decode_all(run, items: list, plan: list, lm, cfg, job_args: dict, plot: bool) -> None:
-    """Decode every input into ``run``; print the table and chart."""
+def _decode_all(run, items: list, plan: list, lm, cfg, job_args: dict, plot: bool,
+                shown: tuple[TableFormat, bool]) -> None:
+    """Decode every input into ``run``; print the table (``shown``: format and --wide) and
+    chart."""
     import polars as pl
 
     from kvsim.live.run import LiveJob, run_live, wer_chart
@@ -130,29 +141,22 @@ def _decode_all(run, items: list, plan: list, lm, cfg, job_args: dict, plot: boo
     t0 = time.perf_counter()
     try:
         frame = run_live(lm, LiveJob(items, plan, cfg, **job_args), run,
-                         log=lambda m: console.print(m, markup=False, highlight=False))
+                         log=lambda m: err.print(m, markup=False, highlight=False))
     except ValueError as exc:  # nothing completed
-        console.print(f"[red]error:[/] {escape(str(exc))}")
+        print_error(str(exc))
         run.finish("failed")
         return
     wall = time.perf_counter() - t0
     results = pl.read_parquet(run.path / "results.parquet", glob=False)
-    _print_table(results, f"kvsim live ({lm.name})")
+    print_frame(results, LIVE_COLUMNS, fmt=shown[0], wide=shown[1], title=f"kvsim live ({lm.name})")
     if plot and "wer" in results.columns:
         from kvsim.plots import save_chart
 
         for p in save_chart(wer_chart(results), run.path / "wer_vs_rgpu"):
-            console.print(f"wrote {escape(str(p))}")
-    console.print(f"{frame.height} live runs over {len(items)} inputs in {wall:.1f}s "
-                  f"-> {escape(str(run.path))}/results.parquet")
+            err.print(f"wrote {p}", markup=False)
+    err.print(f"{frame.height} live runs over {len(items)} inputs in {wall:.1f}s "
+              f"-> {run.path}/results.parquet", markup=False)
     run.finish()
 
 
-def _print_table(frame, title: str) -> None:
-    from kvsim.results import print_table
-
-    print_table(frame, Console(width=max(Console().width, 150)), title, SCREEN)
-
-
-def register(app: typer.Typer) -> None:
-    app.command()(live)
+COMMANDS = (live,)

@@ -7,15 +7,15 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
 
 def mismatch(traces: Annotated[list[Path], typer.Argument(help="Traces or folders of traces")]) -> None:
-    """Mass in the first 10% / half of the audio at prefill vs decode (and in the first 10% of
-    the speech, from the first word's onset, when the trace has word timings), top-K Jaccard,
-    per-head Jaccard, next to the WnW paper's Voxtral figures. A broken trace is one line on
-    stderr; the others are measured; the exit code is non-zero if any failed."""
+    """Mass in the first 10% / half of the audio at prefill vs decode (and in the first 10% of the speech, from the first word's onset, when the trace has word timings), top-K Jaccard, per-head Jaccard, next to the WnW paper's Voxtral figures.
+
+    A broken trace is one line on stderr; the others are measured; the exit code is non-zero if any failed. One column per trace: with many traces the table is wider than the terminal, never cut.
+    """
+    from kvsim.commands._table import new_table, print_whole
     from kvsim.commands.traces import each_trace
     from kvsim.studies.mismatch import PAPER_VOXTRAL
     from kvsim.studies.mismatch import mismatch as measure
@@ -38,14 +38,14 @@ def mismatch(traces: Annotated[list[Path], typer.Argument(help="Traces or folder
 
     failed = each_trace(traces, measure_one)
     if stats:
-        table = Table(title="WnW §2.1 prefill-decode mismatch")
+        table = new_table("WnW §2.1 prefill-decode mismatch")
         table.add_column("statistic")
         table.add_column("WnW paper (Voxtral)", justify="right")
         for name in stats:
-            table.add_column(escape(Path(name).name), justify="right", overflow="fold")
+            table.add_column(Text(Path(name).stem), justify="right", no_wrap=True)
         for key, label in cols:
             table.add_row(label, _fmt(PAPER_VOXTRAL.get(key)), *[_fmt(s[key]) for s in stats.values()])
-        Console(emoji=False).print(table)
+        print_whole(table)
         Console().print("'of speech' starts at the first word's onset (trace word timings); "
                         "n/a when the trace has none.")
     if failed:
@@ -58,5 +58,4 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x != x else f"{x:.3f}"
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(mismatch)
+COMMANDS = (mismatch,)

@@ -10,12 +10,40 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
+from kvsim.commands._errors import err, fail, print_error
+from kvsim.commands._table import Column, FormatOption, TableFormat, WideOption, print_frame
 from kvsim.specs import default_trace_dir, parse_budgets, parse_policies
 
-console = Console(stderr=True, soft_wrap=True)
+#: The replay summary: the compact set fits 80 columns with whole trace and policy names.
+REPLAY_COLUMNS = [
+    Column("trace", "trace", text=True),
+    Column("label", "policy", text=True),
+    Column("budget", "r", "{:.2f}"),
+    Column("r_gpu", "r_GPU", "{:.3f}"),
+    Column("r_gpu_cpu", "r_GPU+CPU", "{:.3f}", compact=False),
+    Column("read_fraction", "read", "{:.3f}", compact=False),
+    Column("attn_recall", "recall", "{:.3f}"),
+    Column("output_error", "out err", "{:.3f}"),
+    Column("topk_jaccard", "top-K J", "{:.3f}", compact=False),
+    Column("h2d_mb_per_step", "MB/step", "{:.3f}"),
+    Column("transfers_per_step", "copies", "{:.1f}", compact=False),
+    Column("policy_seconds", "policy s", "{:.2f}", compact=False),
+]
+#: The ``--simulate`` summary (one row per run and simulator mode).
+SIM_COLUMNS = [
+    Column("trace", "trace", text=True),
+    Column("label", "policy", text=True),
+    Column("budget", "r", "{:.2f}"),
+    Column("sim_mode", "mode", text=True),
+    Column("ms_per_token_median", "ms/tok", "{:.3f}"),
+    Column("ms_per_token_mean", "ms/tok mean", "{:.3f}", compact=False),
+    Column("tokens_per_s", "tok/s", "{:.1f}", compact=False),
+    Column("peak_gpu_gib", "peak GiB", "{:.3f}"),
+    Column("h2d_mb_per_step", "MB/step", "{:.3f}", compact=False),
+    Column("h2d_copies_per_step", "copies", "{:.1f}", compact=False),
+    Column("transfer_wait_share", "wait", "{:.3f}"),
+]
 
 
 def _replay_one(path: str, specs: list, cfg: object) -> tuple[list, list[str]]:
@@ -48,11 +76,15 @@ def replay(
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Traces replayed in parallel (processes, >= 1)")] = 1,
     ray: Annotated[str | None, typer.Option("--ray", help="Replay traces as Ray tasks on a cluster: its address ('auto' for the one `ray start` made, 'local' for a local Ray)")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Keep the traces an interrupted run with the same options completed in --out; replay only the rest")] = False,
+    wide: WideOption = False,
+    fmt: FormatOption = TableFormat.table,
 ) -> None:
     """Replay KV-cache policies over traces; write results.parquet, per-step logs and a table.
-    Each trace's results are kept as soon as it finishes (``parts/``); a trace that fails is
-    reported in one line and the others go on (exit code 1)."""
+
+    Each trace's results are kept as soon as it finishes (parts/); a trace that fails is reported in one line and the others go on (exit code 1). Files in TRACES that are not traces (a README in traces/*) are reported and skipped.
+    """
     from kvsim.commands._options import check_positive_ints
+    from kvsim.commands.traces import trace_arguments
     from kvsim.replay.engine import ReplayConfig
     from kvsim.rundir import RunDir
     from kvsim.trace.heads import read_heads
@@ -64,7 +96,7 @@ def replay(
         specs = [s for b in parse_budgets(budget) for s in parse_policies(policy, b)]
         if simulate:
             _check_simulate(simulate, sim_mode, resume)
-        paths = find_traces(traces or [default_trace_dir()])
+        paths = find_traces(trace_arguments(traces) if traces else [default_trace_dir()])
         if not paths:
             raise ValueError("no *.kvtrace found")
         scores = read_heads(calibration) if calibration else None
@@ -73,12 +105,11 @@ def replay(
                   "calibration": str(calibration) if calibration else None}
         run = RunDir.open(out, "replay", [str(p) for p in paths], config, resume=resume)
     except (ValueError, KeyError, FileNotFoundError, TraceError) as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        fail(exc)
     cfg = ReplayConfig(topk=topk, error_stride=error_stride, max_steps=max_steps, head_scores=scores)
     with run:
         status = _replay_into(run, [p for p in paths if str(p) not in run.completed], specs, cfg,
-                              jobs, ray, (simulate, sim_mode, plot))
+                              jobs, ray, (simulate, sim_mode, plot), (fmt, wide))
     if status != "complete":
         sys.exit(1)
 
@@ -102,21 +133,22 @@ def _outcomes(todo: list[Path], specs: list, cfg: object, jobs: int, ray: str | 
                 yield futures[fut], res, errs
     else:
         for path in todo:
-            console.print(f"replaying {escape(str(path))} ({len(specs)} policy/budget runs)")
+            err.print(f"replaying {path} ({len(specs)} policy/budget runs)", markup=False)
             yield (path, *_replay_one(str(path), specs, cfg))
 
 
 def _replay_into(run, todo: list[Path], specs: list, cfg: object, jobs: int, ray: str | None,
-                 extras: tuple) -> str:
-    """Replay ``todo``, keeping each trace's results as it finishes; then the combined table,
-    the optional simulation and chart, and the closed manifest. Returns the run status."""
-    from kvsim.results import print_table, results_frame, write_step_logs
+                 extras: tuple, shown: tuple[TableFormat, bool]) -> str:
+    """Replay ``todo``, keeping each trace's results as it finishes; then the combined table
+    (``shown``: format and --wide), the optional simulation and chart, and the closed
+    manifest. Returns the run status."""
+    from kvsim.results import results_frame, write_step_logs
 
     t0 = time.perf_counter()
     results, n_errors = [], 0
     for path, res, errs in _outcomes(todo, specs, cfg, jobs, ray):
         for e in errs:
-            console.print(f"[red]error:[/] {escape(e)}")
+            print_error(e)
         n_errors += len(errs)
         if res:
             steps = write_step_logs(run.path, res)
@@ -129,17 +161,18 @@ def _replay_into(run, todo: list[Path], specs: list, cfg: object, jobs: int, ray
         run.finish("failed")
         return "failed"
     run.write_combined(frame)
-    print_table(frame, Console())
+    fmt, wide = shown
+    print_frame(frame.sort("trace", "budget", "label"), REPLAY_COLUMNS, fmt=fmt, wide=wide, title="kvsim replay")
     simulate, sim_mode, plot = extras
     if simulate:
-        _simulate(results, run.path, simulate, sim_mode)
+        _simulate(results, run.path, simulate, sim_mode, shown)
     if plot:
         from kvsim.plots import recall_vs_rgpu, save_chart
 
         for p in save_chart(recall_vs_rgpu(frame), run.path / "recall_vs_rgpu"):
-            console.print(f"wrote {escape(str(p))}")
-    console.print(f"{frame.height} runs over {len(run.completed)} traces in {time.perf_counter() - t0:.1f}s "
-                  f"-> {escape(str(run.path))}/results.parquet")
+            err.print(f"wrote {p}", markup=False)
+    err.print(f"{frame.height} runs over {len(run.completed)} traces in {time.perf_counter() - t0:.1f}s "
+              f"-> {run.path}/results.parquet", markup=False)
     status = run.finish("failed" if n_errors else None)
     return status
 
@@ -150,8 +183,7 @@ def _run_on_ray(address: str, paths: list[Path], specs: list, cfg: object):
     try:
         import ray
     except ImportError:
-        console.print("[red]error:[/] --ray needs Ray: pip install 'kvsim[ray]'")
-        raise typer.Exit(2) from None
+        fail("--ray needs Ray: pip install 'kvsim[ray]'")
     from kvsim.rundir import input_error
 
     if not ray.is_initialized():
@@ -183,21 +215,25 @@ def _check_simulate(gpu: str, modes: str, resume: bool) -> None:
         raise ValueError(f"--simulate: {exc}") from None
 
 
-def _simulate(results: list, out: Path, gpu: str, modes: str) -> None:
-    """Feed every run's step log to the hardware simulator; write sim_results.parquet."""
-    from kvsim.results import print_sim_table
+def _simulate(results: list, out: Path, gpu: str, modes: str, shown: tuple[TableFormat, bool]) -> None:
+    """Feed every run's step log to the hardware simulator; write sim_results.parquet and
+    print its table (``shown``: format and --wide)."""
+    import polars as pl
+
     from kvsim.sim import simulate_runs
     from kvsim.trace.atomic import atomic_file
 
     try:
         sim = simulate_runs(results, gpu=gpu, modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
     except (KeyError, ValueError) as exc:  # unknown preset or mode: one line, results kept
-        console.print(f"[red]error:[/] --simulate: {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        fail(f"--simulate: {exc}")
     with atomic_file(out / "sim_results.parquet") as tmp:
         sim.write_parquet(tmp)
-    print_sim_table(sim, Console(), title=f"simulated on {gpu}")
+    if "label" not in sim.columns:
+        sim = sim.with_columns(pl.col("policy").alias("label"))
+    if shown[0] != TableFormat.table:
+        sys.stdout.write("\n")  # markdown/csv: the second table starts after an empty line
+    print_frame(sim, SIM_COLUMNS, fmt=shown[0], wide=shown[1], title=f"simulated on {gpu}")
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(replay)
+COMMANDS = (replay,)

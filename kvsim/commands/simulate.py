@@ -12,11 +12,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-console = Console(stderr=True, soft_wrap=True)
+from kvsim.commands._errors import err, fail
+from kvsim.commands._table import (
+    Column,
+    FormatOption,
+    TableFormat,
+    WideOption,
+    auto_columns,
+    print_frame,
+)
 
 
 def _split(values: list[str]) -> list[str]:
@@ -61,33 +66,23 @@ def _load_facts(js: Path):
         raise ValueError(f"{js}: not a RunFacts JSON ({exc})") from None
 
 
-def _markdown(frame) -> str:
-    """A GitHub markdown table of a polars frame (floats to 4 significant digits)."""
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
-        return str(v)
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in frame.iter_rows()]
-    return "\n".join(lines)
-
-
-def _print(rows: list[dict], title: str) -> None:
-    cols = ["name", "gpu", "mode", "batch", "ms_per_token_median", "ms_per_token_mean",
-            "tokens_per_s", "peak_gpu_gib", "h2d_mb_per_step", "h2d_copies_per_step",
-            "transfer_wait_share"]
-    if rows and "max_batch" in rows[0]:
-        cols += ["max_batch", "tokens_per_s_at_max_batch"]
-    heads = {"ms_per_token_median": "ms/tok med", "ms_per_token_mean": "ms/tok mean",
-             "tokens_per_s": "tok/s", "peak_gpu_gib": "peak GiB", "h2d_mb_per_step": "MB/step",
-             "h2d_copies_per_step": "copies/step", "transfer_wait_share": "xfer share",
-             "max_batch": "max batch", "tokens_per_s_at_max_batch": "tok/s @max"}
-    t = Table(title=title)
-    for c in cols:
-        t.add_column(heads.get(c, c), justify="left" if c in ("name", "gpu", "mode") else "right")
-    for r in rows:
-        t.add_row(*[f"{r[c]:.3f}" if isinstance(r[c], float) else escape(str(r[c])) for c in cols])
-    Console(width=max(Console().width, 200)).print(t)
+#: The simulator summary: the compact set fits 80 columns unless the run names are long
+#: (then the table is printed whole, wider than the terminal).
+SIM_COLUMNS = [
+    Column("name", "name", text=True),
+    Column("gpu", "gpu", text=True),
+    Column("mode", "mode", text=True),
+    Column("batch", "batch", compact=False),
+    Column("ms_per_token_median", "ms/tok", "{:.3f}"),
+    Column("ms_per_token_mean", "ms/tok mean", "{:.3f}", compact=False),
+    Column("tokens_per_s", "tok/s", "{:.1f}", compact=False),
+    Column("peak_gpu_gib", "peak GiB", "{:.3f}"),
+    Column("h2d_mb_per_step", "MB/step", "{:.3f}"),
+    Column("h2d_copies_per_step", "copies", "{:.1f}", compact=False),
+    Column("transfer_wait_share", "wait", "{:.3f}", compact=False),
+    Column("max_batch", "max batch"),
+    Column("tokens_per_s_at_max_batch", "tok/s @max", "{:.1f}"),
+]
 
 
 def simulate(
@@ -106,117 +101,137 @@ def simulate(
     decode_steps: Annotated[int | None, typer.Option(help="Analytic mode: decode steps (default: transcript length of the audio)")] = None,
     capacity: Annotated[bool, typer.Option("--capacity", help="Also report the largest batch that fits and its tokens/s")] = False,
     capacity_gib: Annotated[float | None, typer.Option(help="GPU memory cap for --capacity (default: the GPU preset's)")] = None,
-    markdown: Annotated[bool, typer.Option(help="Print results as a markdown table")] = False,
+    markdown: Annotated[bool, typer.Option(help="Same as --format markdown.")] = False,
     table: Annotated[str | None, typer.Option(help="Print a documented table: wnw4 | capacity | memory (WnW Fig. 4 analogue; chart with --out)")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write sim_results.parquet and per-step parquet here")] = None,
+    wide: WideOption = False,
+    fmt: FormatOption = TableFormat.table,
 ) -> None:
     """Simulate decode steps on a SimPy model of the host, CUDA streams, HBM and PCIe."""
     import polars as pl
 
-    from kvsim.sim import (
-        AnalyticError,
-        AnalyticPolicy,
-        ModeError,
-        PresetError,
-        SimMode,
-        WorkloadError,
-        analytic_workload,
-        from_step_log,
-        max_batch,
-        model_preset,
-        simulate_workload,
-    )
+    from kvsim.sim import AnalyticError, ModeError, PresetError, SimMode, WorkloadError
 
+    if markdown:
+        fmt = TableFormat.markdown
     try:
         _check_options(batch=batch, retention=retention, tidal_heads=tidal_heads,
                        anchor_heads=anchor_heads, audio_minutes=audio_minutes, churn=churn,
                        decode_steps=decode_steps, capacity_gib=capacity_gib)
         if table:
-            from kvsim.sim import tables
-
-            pl.Config.set_tbl_cols(20)
-            pl.Config.set_tbl_width_chars(250)
-            pl.Config.set_tbl_rows(50)
-            if table == "wnw4":
-                frame = tables.wnw_table4(gpu=_split(gpu)[0], runtime=runtime)
-            elif table == "capacity":
-                frame = tables.capacity_table()
-            elif table == "memory":
-                frame = tables.memory_over_steps(model or "voxtral-mini-3b", _split(gpu)[0],
-                                                 audio_minutes * 60)
-                if out:
-                    from kvsim.plots import save_chart
-
-                    chart = tables.memory_chart(frame, f"GPU KV cache over decode steps ({model or 'voxtral-mini-3b'}, {audio_minutes:g} min audio)")
-                    for p in save_chart(chart, out / "memory_over_steps"):
-                        console.print(f"wrote {escape(str(p))}")
-                frame = frame.group_by("policy", "r_gpu").agg(
-                    pl.col("gib").first().alias("gib_first_step"), pl.col("gib").max().alias("gib_peak"),
-                    pl.col("gib").last().alias("gib_last_step")).sort("policy", "r_gpu")
-            else:
-                raise ValueError(f"unknown table {table!r}; use wnw4, capacity or memory")
-            print(_markdown(frame) if markdown else frame)
-            if out:
-                out.mkdir(parents=True, exist_ok=True)
-                frame.write_parquet(out / f"table_{table}.parquet")
+            _documented_table(table, _split(gpu)[0], runtime, model, audio_minutes, out, fmt)
             return
         gpus, modes = _split(gpu), _split(mode)
         for m in modes:
             SimMode.parse(m)
-        jobs = []
+        if runs is not None and policy:
+            raise ValueError("give either a replay directory or --policy, not both")
         if runs is not None:
-            if policy:
-                raise ValueError("give either a replay directory or --policy, not both")
-            for name, pq, js in _step_logs(runs):
-                facts = _load_facts(js)
-                try:
-                    mp = model_preset(model or facts.model)
-                except PresetError as exc:
-                    raise PresetError(f"{js}: {exc} (or pass --model)") from None
-                jobs.append((name, from_step_log(pl.read_parquet(pq, glob=False), facts), mp))
+            jobs = _step_log_jobs(runs, model)
         elif policy:
-            if not model:
-                raise ValueError("analytic mode needs --model (e.g. voxtral-mini-3b)")
-            mp = model_preset(model)
-            pol = AnalyticPolicy(policy, retention if policy != "full" else 1.0,
-                                 tidal_heads=tidal_heads if policy == "wnw" else 0,
-                                 anchor_heads=anchor_heads, churn_segments_per_step=churn)
-            wl = analytic_workload(mp, pol, audio_minutes * 60, decode_steps)
-            jobs.append((f"{mp.name}__{policy}__{pol.r_gpu:g}", wl, mp))
+            jobs = [_analytic_job(model, policy, retention, tidal_heads, anchor_heads, churn,
+                                  audio_minutes, decode_steps)]
         else:
             raise ValueError("nothing to simulate: give a replay directory, --policy, or --table")
-        rows, frames = [], []
-        for name, wl, mp in jobs:
-            for g in gpus:
-                for m in modes:
-                    res = simulate_workload(wl, g, m, model=mp, runtime=runtime, batch=batch)
-                    row = {"name": name, **res.summary(), "mode": m}
-                    if capacity:
-                        b = max_batch(wl, g, m, model=mp, runtime=runtime, capacity_gib=capacity_gib)
-                        row["max_batch"] = b
-                        row["tokens_per_s_at_max_batch"] = (simulate_workload(
-                            wl, g, m, model=mp, runtime=runtime, batch=b).summary()["tokens_per_s"]
-                            if b else 0.0)
-                    rows.append(row)
-                    frames.append((f"{name}__{res.gpu}__{m}", res.per_step))
+        rows, frames = _simulate_jobs(jobs, gpus, modes, runtime, batch, capacity, capacity_gib)
     except (PresetError, WorkloadError, ModeError, AnalyticError, ValueError,
             FileNotFoundError) as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-    if markdown:
-        keep = ["name", "gpu", "mode", "batch", "ms_per_token_median", "ms_per_token_mean",
-                "peak_gpu_gib", "h2d_mb_per_step", "h2d_copies_per_step", "transfer_wait_share"]
-        keep += [k for k in ("max_batch", "tokens_per_s_at_max_batch") if k in rows[0]]
-        print(_markdown(pl.DataFrame(rows).select(keep)))
-    else:
-        _print(rows, f"kvsim simulate ({runtime})")
+        fail(exc)
+    print_frame(pl.DataFrame(rows), SIM_COLUMNS, fmt=fmt, wide=wide, title=f"kvsim simulate ({runtime})")
     if out:
         out.mkdir(parents=True, exist_ok=True)
         pl.DataFrame(rows).write_parquet(out / "sim_results.parquet")
         (out / "sim_steps").mkdir(exist_ok=True)
         for name, frame in frames:
             frame.write_parquet(out / "sim_steps" / f"{name}.parquet")
-        console.print(f"wrote {escape(str(out))}/sim_results.parquet and {len(frames)} per-step logs")
+        err.print(f"wrote {out}/sim_results.parquet and {len(frames)} per-step logs", markup=False)
+
+
+def _documented_table(table: str, gpu: str, runtime: str, model: str | None, audio_minutes: float,
+                      out: Path | None, fmt: TableFormat) -> None:
+    """Print (and with ``out`` write) one of the documented tables: wnw4, capacity, memory."""
+    import polars as pl
+
+    from kvsim.sim import tables
+
+    if table == "wnw4":
+        frame = tables.wnw_table4(gpu=gpu, runtime=runtime)
+    elif table == "capacity":
+        frame = tables.capacity_table()
+    elif table == "memory":
+        name = model or "voxtral-mini-3b"
+        frame = tables.memory_over_steps(name, gpu, audio_minutes * 60)
+        if out:
+            from kvsim.plots import save_chart
+
+            chart = tables.memory_chart(frame, f"GPU KV cache over decode steps ({name}, {audio_minutes:g} min audio)")
+            for p in save_chart(chart, out / "memory_over_steps"):
+                err.print(f"wrote {p}", markup=False)
+        frame = frame.group_by("policy", "r_gpu").agg(
+            pl.col("gib").first().alias("gib_first_step"), pl.col("gib").max().alias("gib_peak"),
+            pl.col("gib").last().alias("gib_last_step")).sort("policy", "r_gpu")
+    else:
+        raise ValueError(f"unknown table {table!r}; use wnw4, capacity or memory")
+    print_frame(frame, auto_columns(frame), fmt=fmt, title=f"kvsim simulate --table {table}")
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        frame.write_parquet(out / f"table_{table}.parquet")
+
+
+def _step_log_jobs(runs: Path, model: str | None) -> list[tuple]:
+    """(name, workload, model preset) of every step log of a replay output."""
+    import polars as pl
+
+    from kvsim.sim import PresetError, from_step_log, model_preset
+
+    jobs = []
+    for name, pq, js in _step_logs(runs):
+        facts = _load_facts(js)
+        try:
+            mp = model_preset(model or facts.model)
+        except PresetError as exc:
+            raise PresetError(f"{js}: {exc} (or pass --model)") from None
+        jobs.append((name, from_step_log(pl.read_parquet(pq, glob=False), facts), mp))
+    return jobs
+
+
+def _analytic_job(model: str | None, policy: str, retention: float, tidal_heads: int,
+                  anchor_heads: int, churn: float, audio_minutes: float,
+                  decode_steps: int | None) -> tuple:
+    """(name, workload, model preset) of an analytic policy description."""
+    from kvsim.sim import AnalyticPolicy, analytic_workload, model_preset
+
+    if not model:
+        raise ValueError("analytic mode needs --model (e.g. voxtral-mini-3b)")
+    mp = model_preset(model)
+    pol = AnalyticPolicy(policy, retention if policy != "full" else 1.0,
+                         tidal_heads=tidal_heads if policy == "wnw" else 0,
+                         anchor_heads=anchor_heads, churn_segments_per_step=churn)
+    wl = analytic_workload(mp, pol, audio_minutes * 60, decode_steps)
+    return f"{mp.name}__{policy}__{pol.r_gpu:g}", wl, mp
+
+
+def _simulate_jobs(jobs: list[tuple], gpus: list[str], modes: list[str], runtime: str, batch: int,
+                   capacity: bool, capacity_gib: float | None) -> tuple[list[dict], list[tuple]]:
+    """One summary row and one per-step frame per (job, GPU, mode); ``capacity`` adds the
+    largest batch that fits in ``capacity_gib`` (None: the GPU preset's memory)."""
+    from kvsim.sim import max_batch, simulate_workload
+
+    rows, frames = [], []
+    for name, wl, mp in jobs:
+        for g in gpus:
+            for m in modes:
+                res = simulate_workload(wl, g, m, model=mp, runtime=runtime, batch=batch)
+                row = {"name": name, **res.summary(), "mode": m}
+                if capacity:
+                    b = max_batch(wl, g, m, model=mp, runtime=runtime, capacity_gib=capacity_gib)
+                    row["max_batch"] = b
+                    row["tokens_per_s_at_max_batch"] = (simulate_workload(
+                        wl, g, m, model=mp, runtime=runtime, batch=b).summary()["tokens_per_s"]
+                        if b else 0.0)
+                rows.append(row)
+                frames.append((f"{name}__{res.gpu}__{m}", res.per_step))
+    return rows, frames
 
 
 def _check_options(batch: int, retention: float, tidal_heads: int, anchor_heads: int,
@@ -234,5 +249,4 @@ def _check_options(batch: int, retention: float, tidal_heads: int, anchor_heads:
     check_range("--capacity-gib", capacity_gib, 0, low_open=True)
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(simulate)
+COMMANDS = (simulate,)

@@ -10,26 +10,35 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from rich.text import Text
 
-err = Console(stderr=True, soft_wrap=True, emoji=False, highlight=False)
+from kvsim.commands._errors import fail, print_error
 
 
-def print_error(message: str, label: str = "error:") -> None:
-    """``label message`` as one line on stderr; ``message`` is plain text, never markup."""
-    from kvsim.trace.schema import one_line
+def trace_arguments(args: list[Path]) -> list[Path]:
+    """The arguments as a shell glob gives them (``traces/*``): a regular file that is not a
+    ``*.kvtrace`` (a README, a notes file) is reported once on stderr and skipped; everything
+    else is kept for the trace checks. Fails (exit 2) when nothing is left."""
+    from kvsim.trace.schema import TRACE_SUFFIX
 
-    err.print(Text.assemble((label, "red"), " ", one_line(message)), soft_wrap=True)
+    kept = []
+    for arg in args:
+        if arg.is_file() and arg.suffix != TRACE_SUFFIX:
+            print_error(f"{arg}: not a *{TRACE_SUFFIX} trace", label="skipped:")
+        else:
+            kept.append(arg)
+    if args and not kept:
+        fail(f"no *{TRACE_SUFFIX} trace among the {len(args)} arguments")
+    return kept
 
 
 def each_trace(args: list[Path], work: Callable[[Path], None], label: str = "error:") -> int:
-    """Call ``work`` on every trace that ``args`` name (traces or folders of traces). A bad
-    argument or trace is reported as one line on stderr (``<file>: <field>: <message>``) and
-    the others go on; returns how many failed."""
+    """Call ``work`` on every trace that ``args`` name (traces or folders of traces; other
+    files skipped by :func:`trace_arguments`). A bad argument or trace is reported as one line
+    on stderr (``<file>: <field>: <message>``) and the others go on; returns how many failed."""
     from kvsim.trace.reader import collect_traces
     from kvsim.trace.schema import TraceError
 
-    paths, errors = collect_traces(args)
+    paths, errors = collect_traces(trace_arguments(args))
     for exc in errors:
         print_error(str(exc), label)
     failed = len(errors)
@@ -47,8 +56,10 @@ def each_trace(args: list[Path], work: Callable[[Path], None], label: str = "err
 
 
 def info(traces: Annotated[list[Path], typer.Argument(help="*.kvtrace directories or folders of traces")]) -> None:
-    """Print a summary of each trace (the checks made on open; `kvsim validate` also checks
-    checksums and scans for NaN/inf). Exits non-zero if any trace is broken."""
+    """Print a summary of each trace (the checks made on open; `kvsim validate` also checks checksums and scans for NaN/inf).
+
+    Exits non-zero if any trace is broken; files that are not traces (a README in traces/*) are reported and skipped.
+    """
     out = Console(emoji=False)
     if each_trace(traces, lambda path: out.print(_info_table(path))):
         raise typer.Exit(1)
@@ -82,6 +93,8 @@ def _info_table(path: Path) -> Table:
         ("provenance", ", ".join(f"{k}={v}" for k, v in m.provenance.items() if isinstance(v, str | int | float))[:200]),
     ]
     table = Table(title=escape(f"{t.name} ({t.path})"), show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # long paths and hashes wrap, never cut
     for k, v in rows:  # every value may hold user text: escaped, never read as markup
         table.add_row(k, escape(v))
     return table
@@ -89,7 +102,9 @@ def _info_table(path: Path) -> Table:
 
 def validate(traces: Annotated[list[Path], typer.Argument(help="Trace directories or folders of traces")]) -> None:
     """Check traces completely (schema, manifest, checksums, shapes, NaN scan, positions).
-    Prints one line per trace (broken ones on stderr); exits non-zero if any is broken."""
+
+    Prints one line per trace (broken ones on stderr); exits non-zero if any is broken. Files that are not traces (a README in traces/*) are reported and skipped.
+    """
     from kvsim.trace.validate import validate_trace
 
     out = Console(soft_wrap=True, emoji=False, highlight=False)
@@ -118,13 +133,9 @@ def synth(
         data = synthesize(SynthConfig(preset=preset, audio_seconds=audio_seconds,
                                       decode_steps=decode_steps, seed=seed, store_values=values))
     except (KeyError, ValueError) as exc:
-        print_error(str(exc))
-        raise typer.Exit(2) from None
+        fail(exc)
     path = write_trace(out, data)
     Console().print(f"wrote {path}", markup=False)
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(info)
-    app.command()(validate)
-    app.command()(synth)
+COMMANDS = (info, validate, synth)
