@@ -47,8 +47,17 @@ def set_single_thread() -> None:
 _register_commands()
 
 
+def one_line_warnings() -> None:
+    """Warnings (e.g. WnW's per-input λ) as one ``warning: message`` line on stderr, not
+    Python's two-line ``file:line: Category: message`` plus source line."""
+    import warnings
+
+    warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
+
+
 def main() -> None:
     set_single_thread()
+    one_line_warnings()
     app()
 
 
