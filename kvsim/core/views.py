@@ -7,6 +7,7 @@ live decoding without knowing which.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -163,18 +164,29 @@ def shared(view: Any, key: Hashable, compute: Callable[[], T]) -> T:
     return memo[key]
 
 
+#: bytes of window attention a :class:`WindowPrefillView` keeps (most recently used layers)
+PREFILL_CACHE_BYTES = 256 << 20
+
+
 class WindowPrefillView:
     """The :class:`PrefillView` of replay and live decoding: full-model causal attention of the
-    observation-window queries, restricted to the audio, computed once per layer and shared
-    by every policy of the run."""
+    observation-window queries, restricted to the audio, shared by every policy of the run.
+
+    A layer's attention, (H_q, W, T_a) float32, is as large as that layer's float32 keys when
+    H_q·W = H_kv·D (Voxtral-mini), so keeping every layer would double a long trace's memory:
+    the most recently used layers are kept up to ``cache_bytes`` (at least one), and a layer
+    evicted is recomputed, identically, when a policy asks for it again.
+    """
 
     def __init__(self, queries: Callable[[int], np.ndarray], keys: Sequence[np.ndarray],
-                 window: np.ndarray, audio: np.ndarray) -> None:
+                 window: np.ndarray, audio: np.ndarray,
+                 cache_bytes: int = PREFILL_CACHE_BYTES) -> None:
         self._queries = queries  # layer -> (H_q, W, D) float32
         self._keys = keys  # per layer (H_kv, N, D) float32
         self._window = window
         self._audio = audio
-        self._cache: dict[int, np.ndarray] = {}
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._cache_bytes = cache_bytes
         #: results shared by every policy prefilled on this view (see ``kvsim.policies.base.shared``)
         self.memo: dict = {}
 
@@ -183,10 +195,16 @@ class WindowPrefillView:
         return len(self._window)
 
     def audio_attention(self, layer: int) -> np.ndarray:
-        if layer not in self._cache:
-            att = causal_attention(self._queries(layer), self._keys[layer], self._window)
-            self._cache[layer] = np.ascontiguousarray(att[:, :, self._audio])
-        return self._cache[layer]
+        cache = self._cache
+        if layer in cache:
+            cache.move_to_end(layer)
+            return cache[layer]
+        att = causal_attention(self._queries(layer), self._keys[layer], self._window)
+        out = cache[layer] = np.ascontiguousarray(att[:, :, self._audio])
+        del att
+        while len(cache) > 1 and sum(a.nbytes for a in cache.values()) > self._cache_bytes:
+            cache.popitem(last=False)
+        return out
 
     def audio_keys(self, layer: int) -> np.ndarray:
         return np.ascontiguousarray(self._keys[layer][:, self._audio])
