@@ -9,7 +9,7 @@ figure; it includes the memory-mapped trace pages the process touched. The targe
 (L x H_kv x N x D x storage bytes).
 
     python benchmarks/memory_scaling.py --minutes 1 4 10 [--preset voxtral-mini]
-        [--max-steps 4] [--workdir DIR] [--keep]
+        [--max-steps 4] [--workdir DIR] [--keep] [--streamed-synth] [--json OUT]
 
 Memory figures do not depend on machine load; wall times do (quote them from a quiet machine).
 """
@@ -31,6 +31,14 @@ REPLAY_POLICIES = "full,snapkv,wnw,arkvale"
 REPLAY_BUDGET = "0.2"
 BOUND_FACTOR = 2.5
 BOUND_SLACK_BYTES = 0.5e9
+
+
+#: ``kvsim.synth.write_synthetic`` (layer by layer) with the arguments of ``kvsim synth --no-values``
+STREAMED_SYNTH = (
+    "import sys; from kvsim.synth import SynthConfig, write_synthetic; "
+    "write_synthetic(sys.argv[1], SynthConfig(preset=sys.argv[2], audio_seconds=float(sys.argv[3]), "
+    "decode_steps=int(sys.argv[4]), store_values=False))"
+)
 
 
 @dataclass
@@ -78,11 +86,15 @@ def measure_length(minutes: float, args: argparse.Namespace, workdir: Path) -> l
     """Synthesise then replay a trace of ``minutes`` of audio."""
     kvsim = [sys.executable, "-m", "kvsim"]
     trace = workdir / f"{args.preset}-{minutes:g}min.kvtrace"
-    wall, peak = run_measured(kvsim + ["synth", str(trace), "--preset", args.preset,
-                                       "--audio-seconds", str(60 * minutes),
-                                       "--decode-steps", str(args.decode_steps), "--no-values"])
+    if args.streamed_synth:
+        wall, peak = run_measured([sys.executable, "-c", STREAMED_SYNTH, str(trace), args.preset,
+                                   str(60 * minutes), str(args.decode_steps)])
+    else:
+        wall, peak = run_measured(kvsim + ["synth", str(trace), "--preset", args.preset,
+                                           "--audio-seconds", str(60 * minutes),
+                                           "--decode-steps", str(args.decode_steps), "--no-values"])
     keys = key_bytes(trace)
-    out = [Measure("synth", minutes, wall, peak, keys)]
+    out = [Measure("synth-streamed" if args.streamed_synth else "synth", minutes, wall, peak, keys)]
     wall, peak = run_measured(kvsim + ["replay", str(trace), "-p", REPLAY_POLICIES,
                                        "-b", REPLAY_BUDGET, "--max-steps", str(args.max_steps),
                                        "-o", str(workdir / f"replay-{minutes:g}min")])
@@ -94,7 +106,7 @@ def measure_length(minutes: float, args: argparse.Namespace, workdir: Path) -> l
 
 def report(m: Measure) -> str:
     gb = 1e9
-    return (f"{m.command:6s} {m.minutes:6g} min  wall {m.wall_s:7.1f} s  "
+    return (f"{m.command:14s} {m.minutes:6g} min  wall {m.wall_s:7.1f} s  "
             f"peak {m.peak_bytes / gb:6.2f} GB  keys {m.key_bytes / gb:6.3f} GB  "
             f"peak/keys {m.peak_bytes / m.key_bytes:5.2f}  "
             f"bound {m.bound_bytes / gb:6.2f} GB  {'pass' if m.ok else 'FAIL'}")
@@ -109,6 +121,9 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None,
                     help="where traces and replay outputs go (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the synthesised traces")
+    ap.add_argument("--streamed-synth", action="store_true",
+                    help="synthesise with kvsim.synth.write_synthetic (a layer at a time) "
+                         "instead of the kvsim synth command")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()
     if any(m <= 0 for m in args.minutes):

@@ -7,7 +7,6 @@ live decoding without knowing which.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -164,8 +163,8 @@ def shared(view: Any, key: Hashable, compute: Callable[[], T]) -> T:
     return memo[key]
 
 
-#: bytes of window attention a :class:`WindowPrefillView` keeps (most recently used layers)
-PREFILL_CACHE_BYTES = 256 << 20
+#: bytes of window attention a :class:`WindowPrefillView` keeps across requests
+PREFILL_CACHE_BYTES = 64 << 20
 
 
 class WindowPrefillView:
@@ -173,9 +172,11 @@ class WindowPrefillView:
     observation-window queries, restricted to the audio, shared by every policy of the run.
 
     A layer's attention, (H_q, W, T_a) float32, is as large as that layer's float32 keys when
-    H_q·W = H_kv·D (Voxtral-mini), so keeping every layer would double a long trace's memory:
-    the most recently used layers are kept up to ``cache_bytes`` (at least one), and a layer
-    evicted is recomputed, identically, when a policy asks for it again.
+    H_q·W = H_kv·D (Voxtral-mini), so keeping every layer would double a long trace's memory.
+    The layers computed first are kept up to ``cache_bytes`` in all, plus the last one asked
+    for; any other layer is recomputed, identically, when asked for again. (Policies scan the
+    layers in order, one pass per score they compute: a least-recently-used cache smaller than
+    the scan would miss on every layer.)
     """
 
     def __init__(self, queries: Callable[[int], np.ndarray], keys: Sequence[np.ndarray],
@@ -185,8 +186,9 @@ class WindowPrefillView:
         self._keys = keys  # per layer (H_kv, N, D) float32
         self._window = window
         self._audio = audio
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._cache_bytes = cache_bytes
+        self._cache: dict[int, np.ndarray] = {}
+        self._cache_free = cache_bytes
+        self._last: tuple[int, np.ndarray] | None = None
         #: results shared by every policy prefilled on this view (see ``kvsim.policies.base.shared``)
         self.memo: dict = {}
 
@@ -195,15 +197,19 @@ class WindowPrefillView:
         return len(self._window)
 
     def audio_attention(self, layer: int) -> np.ndarray:
-        cache = self._cache
-        if layer in cache:
-            cache.move_to_end(layer)
-            return cache[layer]
+        if layer in self._cache:
+            return self._cache[layer]
+        if self._last is not None and self._last[0] == layer:
+            return self._last[1]
+        self._last = None  # freed before the next layer is computed
         att = causal_attention(self._queries(layer), self._keys[layer], self._window)
-        out = cache[layer] = np.ascontiguousarray(att[:, :, self._audio])
+        out = np.ascontiguousarray(att[:, :, self._audio])
         del att
-        while len(cache) > 1 and sum(a.nbytes for a in cache.values()) > self._cache_bytes:
-            cache.popitem(last=False)
+        if out.nbytes <= self._cache_free:
+            self._cache[layer] = out
+            self._cache_free -= out.nbytes
+        else:
+            self._last = (layer, out)
         return out
 
     def audio_keys(self, layer: int) -> np.ndarray:
