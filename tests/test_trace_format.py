@@ -157,12 +157,13 @@ WRITER = textwrap.dedent("""
     import kvsim.trace.writer as w
     from kvsim.synth import SynthConfig, synthesize
     data = synthesize(SynthConfig(preset="small", audio_seconds=20, decode_steps=20, seed=0))
-    orig = w.save_file
-    def slow_save(*a, **k):
-        orig(*a, **k)
-        print("WRITING", flush=True)
-        time.sleep(30)  # killed here, mid-write
-    w.save_file = slow_save if sys.argv[2] == "slow" else orig
+    orig = w.TraceWriter.write_layer
+    def slow_layer(self, layer, *a, **k):
+        orig(self, layer, *a, **k)
+        if layer == 1:
+            print("WRITING", flush=True)
+            time.sleep(30)  # killed here, mid-write: layers 0 and 1 of 4 written
+    w.TraceWriter.write_layer = slow_layer if sys.argv[2] == "slow" else orig
     w.write_trace(sys.argv[1], data)
     print("DONE", flush=True)
 """)

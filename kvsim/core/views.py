@@ -163,18 +163,32 @@ def shared(view: Any, key: Hashable, compute: Callable[[], T]) -> T:
     return memo[key]
 
 
+#: bytes of window attention a :class:`WindowPrefillView` keeps across requests
+PREFILL_CACHE_BYTES = 64 << 20
+
+
 class WindowPrefillView:
     """The :class:`PrefillView` of replay and live decoding: full-model causal attention of the
-    observation-window queries, restricted to the audio, computed once per layer and shared
-    by every policy of the run."""
+    observation-window queries, restricted to the audio, shared by every policy of the run.
+
+    A layer's attention, (H_q, W, T_a) float32, is as large as that layer's float32 keys when
+    H_q·W = H_kv·D (Voxtral-mini), so keeping every layer would double a long trace's memory.
+    The layers computed first are kept up to ``cache_bytes`` in all, plus the last one asked
+    for; any other layer is recomputed, identically, when asked for again. (Policies scan the
+    layers in order, one pass per score they compute: a least-recently-used cache smaller than
+    the scan would miss on every layer.)
+    """
 
     def __init__(self, queries: Callable[[int], np.ndarray], keys: Sequence[np.ndarray],
-                 window: np.ndarray, audio: np.ndarray) -> None:
+                 window: np.ndarray, audio: np.ndarray,
+                 cache_bytes: int = PREFILL_CACHE_BYTES) -> None:
         self._queries = queries  # layer -> (H_q, W, D) float32
         self._keys = keys  # per layer (H_kv, N, D) float32
         self._window = window
         self._audio = audio
         self._cache: dict[int, np.ndarray] = {}
+        self._cache_free = cache_bytes
+        self._last: tuple[int, np.ndarray] | None = None
         #: results shared by every policy prefilled on this view (see ``kvsim.policies.base.shared``)
         self.memo: dict = {}
 
@@ -183,10 +197,20 @@ class WindowPrefillView:
         return len(self._window)
 
     def audio_attention(self, layer: int) -> np.ndarray:
-        if layer not in self._cache:
-            att = causal_attention(self._queries(layer), self._keys[layer], self._window)
-            self._cache[layer] = np.ascontiguousarray(att[:, :, self._audio])
-        return self._cache[layer]
+        if layer in self._cache:
+            return self._cache[layer]
+        if self._last is not None and self._last[0] == layer:
+            return self._last[1]
+        self._last = None  # freed before the next layer is computed
+        att = causal_attention(self._queries(layer), self._keys[layer], self._window)
+        out = np.ascontiguousarray(att[:, :, self._audio])
+        del att
+        if out.nbytes <= self._cache_free:
+            self._cache[layer] = out
+            self._cache_free -= out.nbytes
+        else:
+            self._last = (layer, out)
+        return out
 
     def audio_keys(self, layer: int) -> np.ndarray:
         return np.ascontiguousarray(self._keys[layer][:, self._audio])

@@ -45,7 +45,13 @@ class TraceTensors:
 
     @classmethod
     def load(cls, trace: Trace) -> TraceTensors:
-        """Read (and convert to float32) every layer's keys and, if stored, values."""
+        """Read every layer's keys and, if stored, values, converted to float32 once.
+
+        Every decode step reads every layer's keys, so the conversion pays for itself; the
+        layers are read one at a time with file reads (:meth:`Trace.read_layer`), not through
+        the memory map, so the storage-dtype pages never join the resident set: peak memory
+        is the float32 copy plus one layer (2x the stored float16 keys).
+        """
         n_layers = trace.head_layout.n_layers
         audio = trace.audio_positions
         lo, hi = int(audio[0]), int(audio[-1]) + 1
@@ -53,8 +59,8 @@ class TraceTensors:
         non_audio[audio] = False
         return cls(
             trace=trace,
-            keys=[as_f32(trace.keys(layer)) for layer in range(n_layers)],
-            values=([as_f32(trace.values(layer)) for layer in range(n_layers)]
+            keys=[as_f32(trace.read_layer("keys", layer)) for layer in range(n_layers)],
+            values=([as_f32(trace.read_layer("values", layer)) for layer in range(n_layers)]
                     if trace.meta.has_values else None),
             audio_index=slice(lo, hi) if hi - lo == len(audio) else audio,
             non_audio=non_audio,

@@ -146,11 +146,37 @@ class Trace:
         """One layer of a float tensor, checked for NaN/inf on its first read."""
         arr = self._map(name)[layer]
         if (name, layer) not in self._finite:
-            bad = first_nonfinite(arr)
-            if bad is not None:
-                raise TraceError(str(self.path / TENSORS_FILE), name,
-                                 f"non-finite value {arr[bad]} at layer {layer}, index {list(bad)}")
-            self._finite.add((name, layer))
+            self._check_finite(name, layer, arr)
+        return arr
+
+    def _check_finite(self, name: str, layer: int, arr: np.ndarray) -> None:
+        bad = first_nonfinite(arr)
+        if bad is not None:
+            raise TraceError(str(self.path / TENSORS_FILE), name,
+                             f"non-finite value {arr[bad]} at layer {layer}, index {list(bad)}")
+        self._finite.add((name, layer))
+
+    def read_layer(self, name: str, layer: int) -> np.ndarray:
+        """One layer of ``keys``, ``queries`` or ``values`` (storage dtype), read into a fresh
+        array with plain file reads, checked for NaN/inf.
+
+        Unlike :meth:`keys` (a view of the memory map), the pages read stay in the kernel's
+        page cache, not in this process's resident set: a caller that converts every layer
+        once (the replay) holds only its own copy.
+        """
+        if name == "values" and not self.meta.has_values:
+            raise TraceError(str(self.path / META_FILE), "has_values", "the trace stores no values")
+        spec = self._tensors[name]
+        shape = tuple(spec.shape[1:])
+        dtype = np.dtype(spec.numpy_dtype)
+        count = int(np.prod(shape))
+        with open(self.path / TENSORS_FILE, "rb") as fh:
+            fh.seek(spec.begin + layer * count * dtype.itemsize)
+            arr = np.fromfile(fh, dtype=dtype, count=count)
+        if arr.size != count:
+            raise TraceError(str(self.path / TENSORS_FILE), name, f"layer {layer} is truncated")
+        arr = arr.reshape(shape)
+        self._check_finite(name, layer, arr)
         return arr
 
     def keys(self, layer: int) -> np.ndarray:

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import platform
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
 import polars as pl
-from safetensors.numpy import save_file
 
 from kvsim.core.shapes import HeadScores
 from kvsim.trace.atomic import atomic_directory
 from kvsim.trace.heads import heads_to_json
+from kvsim.trace.safetensors_stream import SafetensorsStream
 from kvsim.trace.schema import (
     HEADS_FILE,
     META_FILE,
@@ -24,6 +26,7 @@ from kvsim.trace.schema import (
     POSITIONS_FILE,
     TENSORS_FILE,
     TRACE_SUFFIX,
+    ModelFacts,
     TraceMeta,
 )
 
@@ -120,42 +123,108 @@ def default_provenance() -> dict[str, Any]:
     }
 
 
+class TraceWriter:
+    """Write a trace layer by layer, atomically, holding no more than the layer handed over.
+
+    The files go into a temporary sibling directory; keys, queries and values are written
+    into ``tensors.safetensors`` one layer at a time (:meth:`write_layer`, converted to the
+    storage dtype then), then :meth:`finish` writes the tables and ``meta.json`` (sizes and
+    SHA-256 of every file, written last); on leaving the ``with`` block without error the
+    directory is fsynced and renamed into place. An error or a missing :meth:`finish` leaves
+    only a ``*.tmp-*`` directory, which no reader accepts as a trace.
+
+    Parameters
+    ----------
+    path : str or Path
+        The ``*.kvtrace`` directory (the suffix is added when missing).
+    model : ModelFacts
+        Shape and storage dtype of the tensors.
+    n_positions : int
+        N, positions of the keys (and values).
+    query_positions : (N_q,) int array
+        Absolute positions of the stored queries, ascending.
+    has_values : bool
+        Whether values are written too.
+    """
+
+    def __init__(self, path: str | Path, model: ModelFacts, n_positions: int,
+                 query_positions: np.ndarray, has_values: bool) -> None:
+        path = Path(path)
+        self.path = path if path.suffix == TRACE_SUFFIX else path.with_name(path.name + TRACE_SUFFIX)
+        self.model, self.has_values = model, has_values
+        self._query_positions = np.ascontiguousarray(query_positions, dtype=np.int64)
+        self._n_positions = n_positions
+        self._stack = contextlib.ExitStack()
+        self._finished = False
+
+    def __enter__(self) -> TraceWriter:
+        m, dtype = self.model, np.dtype(self.model.dtype)
+        kv_shape = (m.n_layers, m.n_kv_heads, self._n_positions, m.head_dim)
+        tensors = {"keys": (dtype, kv_shape),
+                   "queries": (dtype, (m.n_layers, m.n_q_heads, len(self._query_positions), m.head_dim)),
+                   "query_positions": (np.dtype(np.int64), self._query_positions.shape)}
+        if self.has_values:
+            tensors["values"] = (dtype, kv_shape)
+        with contextlib.ExitStack() as stack:
+            self._tmp = stack.enter_context(atomic_directory(self.path))
+            self._tensors = stack.enter_context(SafetensorsStream(
+                self._tmp / TENSORS_FILE, tensors, metadata={"format": "kvsim.trace"}))
+            self._tensors.write("query_positions", self._query_positions)
+            self._stack = stack.pop_all()
+        return self
+
+    def write_layer(self, layer: int, keys: np.ndarray, queries: np.ndarray,
+                    values: np.ndarray | None = None) -> None:
+        """Write (H_kv, N, D) keys, (H_q, N_q, D) queries and, when stored, (H_kv, N, D) values
+        of ``layer``."""
+        if (values is not None) != self.has_values:
+            raise ValueError(f"layer {layer}: values {'missing' if self.has_values else 'unexpected'}")
+        self._tensors.write("keys", keys, layer)
+        self._tensors.write("queries", queries, layer)
+        if values is not None:
+            self._tensors.write("values", values, layer)
+
+    def finish(self, meta: TraceMeta, positions: pl.DataFrame,
+               head_scores: HeadScores | None = None) -> None:
+        """Close the tensors (every layer must have been written), write the position table,
+        the head scores and, last, ``meta.json`` listing every file with size and SHA-256."""
+        tmp = self._tmp
+        self._tensors.close()
+        positions.write_parquet(tmp / POSITIONS_FILE, statistics=False)
+        written = [TENSORS_FILE, POSITIONS_FILE]
+        if head_scores is not None:
+            (tmp / HEADS_FILE).write_text(json.dumps(heads_to_json(head_scores, meta.model.name), indent=1))
+            written.append(HEADS_FILE)
+        meta.has_values = self.has_values
+        meta.has_head_scores = head_scores is not None
+        if not meta.provenance:
+            meta.provenance = default_provenance()
+        meta.files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+                      for name in written}
+        (tmp / META_FILE).write_text(json.dumps(meta.to_json(), indent=1))
+        self._finished = True
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None and not self._finished:
+            exc = RuntimeError(f"{self.path}: TraceWriter left without finish()")
+            self._stack.__exit__(type(exc), exc, None)
+            raise exc
+        self._stack.__exit__(exc_type, exc, tb)
+
+
 def write_trace(path: str | Path, data: TraceData, overwrite: bool = True) -> Path:
     """Write ``data`` to ``path`` (a ``*.kvtrace`` directory) atomically and return the path.
 
-    The directory appears complete or not at all: files are written into a temporary sibling,
-    fsynced, listed with size and SHA-256 in ``meta.json`` (written last), then renamed.
+    The directory appears complete or not at all (see :class:`TraceWriter`, which writes it a
+    layer at a time: memory beyond ``data`` is one layer in the storage dtype).
     """
-    path = Path(path)
-    if path.suffix != TRACE_SUFFIX:
-        path = path.with_name(path.name + TRACE_SUFFIX)
     _check(data)
-    dtype = np.dtype(data.meta.model.dtype)
-    tensors = {
-        "keys": np.ascontiguousarray(data.keys, dtype=dtype),
-        "queries": np.ascontiguousarray(data.queries, dtype=dtype),
-        "query_positions": np.ascontiguousarray(data.query_positions, dtype=np.int64),
-    }
-    if data.values is not None:
-        tensors["values"] = np.ascontiguousarray(data.values, dtype=dtype)
-    meta = data.meta
-    meta.has_values = data.values is not None
-    meta.has_head_scores = data.head_scores is not None
-    if not meta.provenance:
-        meta.provenance = default_provenance()
-
-    with atomic_directory(path) as tmp:
-        save_file(tensors, str(tmp / TENSORS_FILE), metadata={"format": "kvsim.trace"})
-        data.positions.write_parquet(tmp / POSITIONS_FILE, statistics=False)
-        written = [TENSORS_FILE, POSITIONS_FILE]
-        if data.head_scores is not None:
-            (tmp / HEADS_FILE).write_text(
-                json.dumps(heads_to_json(data.head_scores, meta.model.name), indent=1)
-            )
-            written.append(HEADS_FILE)
-        meta.files = {
-            name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
-            for name in written
-        }
-        (tmp / META_FILE).write_text(json.dumps(meta.to_json(), indent=1))
-    return path
+    m = data.meta.model
+    with TraceWriter(path, m, data.meta.n_positions, data.query_positions,
+                     data.values is not None) as writer:
+        for layer in range(m.n_layers):
+            writer.write_layer(layer, data.keys[layer], data.queries[layer],
+                               None if data.values is None else data.values[layer])
+        writer.finish(data.meta, data.positions, data.head_scores)
+    return writer.path

@@ -1,0 +1,95 @@
+"""Layer-at-a-time trace writing, synthesis and reading give exactly what the whole-array
+paths gave: the same bytes on disk, the same arrays in memory (all exact by construction:
+the same float casts, element by element)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from kvsim.core.views import WindowPrefillView
+from kvsim.replay.tensors import TraceTensors
+from kvsim.synth import SynthConfig, synthesize, write_synthetic
+from kvsim.trace.reader import Trace
+from kvsim.trace.schema import TraceError
+from kvsim.trace.writer import TraceWriter, write_trace
+
+
+def _tiny(store_values: bool = True):
+    return synthesize(SynthConfig(preset="tiny", audio_seconds=4, decode_steps=5, seed=2,
+                                  store_values=store_values))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("store_values", [True, False])
+def test_streamed_tensors_file_is_what_save_file_writes(tmp_path: Path, dtype: str,
+                                                        store_values: bool) -> None:
+    data = _tiny(store_values)
+    data.meta.model = dataclasses.replace(data.meta.model, dtype=dtype)
+    path = write_trace(tmp_path / "t", data)
+    tensors = {"keys": data.keys.astype(dtype), "queries": data.queries.astype(dtype),
+               "query_positions": data.query_positions.astype(np.int64)}
+    if store_values:
+        tensors["values"] = data.values.astype(dtype)
+    save_file(tensors, str(tmp_path / "ref.safetensors"), metadata={"format": "kvsim.trace"})
+    assert (path / "tensors.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+
+
+def test_write_synthetic_is_synthesize_then_write_trace(tmp_path: Path) -> None:
+    cfg = SynthConfig(preset="small", audio_seconds=6, decode_steps=7, seed=5)
+    a = write_trace(tmp_path / "whole", synthesize(cfg))
+    b = write_synthetic(tmp_path / "streamed", cfg)
+    for name in ("tensors.safetensors", "positions.parquet", "heads.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_writer_left_without_finish_leaves_no_trace(tmp_path: Path) -> None:
+    data = _tiny()
+    args = (data.meta.model, data.meta.n_positions, data.query_positions, True)
+    with pytest.raises(RuntimeError, match="without finish"), \
+            TraceWriter(tmp_path / "t", *args) as writer:
+        writer.write_layer(0, data.keys[0], data.queries[0], data.values[0])
+    assert not (tmp_path / "t.kvtrace").exists()
+    with pytest.raises(ValueError, match="never written"), \
+            TraceWriter(tmp_path / "u", *args) as writer:
+        writer.write_layer(0, data.keys[0], data.queries[0], data.values[0])
+        writer.finish(data.meta, data.positions, data.head_scores)  # layer 1 missing
+    assert not (tmp_path / "u.kvtrace").exists()
+
+
+def test_read_layer_matches_the_memory_map_and_rejects_nan(tmp_path: Path) -> None:
+    data = _tiny()
+    trace = Trace(write_trace(tmp_path / "t", data))
+    for layer in range(data.meta.model.n_layers):
+        for name in ("keys", "queries", "values"):
+            got = trace.read_layer(name, layer)
+            assert got.dtype == np.float16
+            assert np.array_equal(got, np.asarray(getattr(trace, name)(layer)))
+    tensors = TraceTensors.load(trace)
+    assert np.array_equal(tensors.keys[1], data.keys[1].astype(np.float16).astype(np.float32))
+    data.keys[1, 0, 3, 2] = np.nan
+    bad = Trace(write_trace(tmp_path / "bad", data))
+    with pytest.raises(TraceError, match=r"tensors\.safetensors: keys: non-finite .* layer 1"):
+        bad.read_layer("keys", 1)
+
+
+def test_prefill_view_with_a_small_cache_gives_the_same_attention(tmp_path: Path) -> None:
+    trace = Trace(write_trace(tmp_path / "t", _tiny()))
+    keys = TraceTensors.load(trace).keys
+    window = trace.window_positions
+    rows = np.array([trace.query_index(int(p)) for p in window])
+
+    def queries(layer: int) -> np.ndarray:
+        return np.asarray(trace.queries(layer)[:, rows], dtype=np.float32)
+
+    full = WindowPrefillView(queries, keys, window, trace.audio_positions, cache_bytes=1 << 40)
+    one = full.audio_attention(0).nbytes
+    small = WindowPrefillView(queries, keys, window, trace.audio_positions, cache_bytes=one)
+    for _ in range(2):  # two scans: layer 0 cached, layer 1 recomputed
+        for layer in range(len(keys)):
+            assert np.array_equal(small.audio_attention(layer), full.audio_attention(layer))
+    assert list(small._cache) == [0]
