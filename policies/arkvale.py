@@ -150,7 +150,7 @@ class ArkVale(Policy):
         def prefill_scores() -> np.ndarray:  # (L, H_kv, P), the same for every budget
             if view.n_window == 0:
                 return np.zeros((h.n_layers, h.n_kv_heads, npg))
-            last = np.stack([view.audio_attention(layer)[:, -1, :]  # (L, H_q, T_a)
+            last = np.stack([view.audio_attention(layer)[:, -1, :].copy()  # (L, H_q, T_a)
                              for layer in range(h.n_layers)]).astype(np.float64)
             per_q = np.maximum.reduceat(last, page_starts(t_a, self.page_size), axis=-1)
             return self._combine(per_q.reshape(h.n_layers, h.n_kv_heads, h.group, npg))

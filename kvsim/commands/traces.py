@@ -125,16 +125,16 @@ def synth(
     seed: Annotated[int, typer.Option(help="Random seed")] = 0,
     values: Annotated[bool, typer.Option(help="Store values (for output-error metrics)")] = True,
 ) -> None:
-    """Synthesise a trace with real q/k whose attention has WnW §2.1's structure."""
-    from kvsim.synth import SynthConfig, synthesize
-    from kvsim.trace.writer import write_trace
+    """Synthesise a trace with real q/k whose attention has WnW §2.1's structure (written a
+    layer at a time: memory for one layer, not the whole trace)."""
+    from kvsim.synth import SynthConfig, write_synthetic
 
     try:
-        data = synthesize(SynthConfig(preset=preset, audio_seconds=audio_seconds,
-                                      decode_steps=decode_steps, seed=seed, store_values=values))
+        cfg = SynthConfig(preset=preset, audio_seconds=audio_seconds,
+                          decode_steps=decode_steps, seed=seed, store_values=values)
+        path = write_synthetic(out, cfg)
     except (KeyError, ValueError) as exc:
-        fail(exc)
-    path = write_trace(out, data)
+        fail(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
     Console().print(f"wrote {path}", markup=False)
 
 
