@@ -17,9 +17,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import polars as pl  # noqa: E402
-from kvsim.policies import registry  # noqa: E402
 
 from kvsim.plots import recall_vs_rgpu, save_chart  # noqa: E402
+from kvsim.policies import registry  # noqa: E402
 from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace  # noqa: E402
 from kvsim.results import markdown_table  # noqa: E402
 from kvsim.specs import default_trace_dir  # noqa: E402

@@ -17,7 +17,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from kvsim.policies import registry  # noqa: E402
-
 from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace  # noqa: E402
 from kvsim.specs import default_trace_dir  # noqa: E402
 from kvsim.trace import Trace, find_traces  # noqa: E402

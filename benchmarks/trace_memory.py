@@ -27,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def child(audio: str, model: str, new_tokens: int, buffered: bool) -> None:
-    import kvsim.tracer.run as run
     import torch
+
+    import kvsim.tracer.run as run
     from kvsim.tracer.audio import load_audio
     from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone
     from kvsim.tracer.capture import Recorder

@@ -24,6 +24,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+
 from kvsim.tracer.audio import load_audio  # noqa: E402
 from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone  # noqa: E402
 from kvsim.tracer.run import TraceOptions, generate_traced, greedy_kwargs  # noqa: E402

@@ -15,11 +15,11 @@ import time
 
 import numpy as np
 import torch
+
+from kvsim.core.shapes import HeadScores
 from kvsim.live.decode import LiveConfig, live_generate
 from kvsim.live.models import TinyBackbone, TinyConfig
 from kvsim.policies.spec import PolicySpec
-
-from kvsim.core.shapes import HeadScores
 
 
 def main(argv: list[str] | None = None) -> None:

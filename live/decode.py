@@ -9,14 +9,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 import torch
+
+from kvsim.core.steplog import STEP_LOG_COLUMNS, RunFacts, retention_per_step
 from kvsim.live.attention import ACTIVE, LIVE_ATTN
 from kvsim.live.models import LiveModel, LivePrompt
 from kvsim.live.offload import install_offload
 from kvsim.live.session import LiveSession
 from kvsim.policies.base import HeadScores, PolicyContext
 from kvsim.policies.spec import PolicySpec
-
-from kvsim.core.steplog import STEP_LOG_COLUMNS, RunFacts, retention_per_step
 from kvsim.trace.schema import OBSERVATION_WINDOW
 
 
@@ -114,8 +114,9 @@ class Prefilled:
 def prefill_once(lm: LiveModel, prompt: LivePrompt, window: int = OBSERVATION_WINDOW) -> Prefilled:
     """Run the prefill once, capturing the observation-window queries (the last ``window``
     prompt positions) and the prompt keys."""
-    from kvsim.policies import registry
     from transformers import DynamicCache
+
+    from kvsim.policies import registry
 
     ctx = PolicyContext(heads=lm.layout, n_audio=prompt.n_audio, audio_tokens_per_s=lm.audio_tokens_per_s,
                         n_prefill=prompt.n_prompt)

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from kvsim.live.attention import register_live_attention
 
 from kvsim.core.shapes import HeadLayout
+from kvsim.live.attention import register_live_attention
 
 
 @dataclass

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
+
 from kvsim.live.data import LiveInput
 from kvsim.live.decode import LiveConfig, LiveRun, live_generate, prefill_once
 from kvsim.live.metrics import WerConfig, bleu, truncated_wer
 from kvsim.live.models import LiveModel
 from kvsim.policies.base import MissingCalibrationError
 from kvsim.policies.spec import PolicySpec
-
 from kvsim.trace.atomic import atomic_file, atomic_write_text
 
 if TYPE_CHECKING:
@@ -52,9 +52,8 @@ def make_plan(policy_args: Sequence[str], budgets: Sequence[float], transforms: 
     at r_GPU = budget, as a token-merging baseline). Plain ``full`` keeps everything whatever
     the budget, so it runs once (at budget 1.0).
     """
-    from kvsim.tracer.transforms import parse_transforms
-
     from kvsim.specs import parse_policies
+    from kvsim.tracer.transforms import parse_transforms
 
     crossed = list(parse_transforms(transforms))
     plan: list[PlanItem] = []

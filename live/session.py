@@ -29,15 +29,15 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from kvsim.core.invariants import InvariantViolation, check_tiers
+from kvsim.core.views import WindowPrefillView
 from kvsim.live.attention import (
     masked_attention_probs,
     masked_decode_attention,
     stock_attention,
 )
 from kvsim.policies.base import ArrayQueryView, BufferStepView, Policy, PolicyContext, Tier
-
-from kvsim.core.invariants import InvariantViolation, check_tiers
-from kvsim.core.views import WindowPrefillView
 from kvsim.trace.schema import OBSERVATION_WINDOW, observation_window
 
 

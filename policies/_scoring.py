@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from kvsim.policies.base import PolicyContext, PrefillView, descending_ranks, kv_group_sum, shared
 from scipy.ndimage import maximum_filter1d, uniform_filter1d
+
+from kvsim.policies.base import PolicyContext, PrefillView, descending_ranks, kv_group_sum, shared
 
 
 def window_scores(

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvsim.policies._allocation import allocate, fft_lowpass
 from kvsim.policies._params import require_int, require_real
 from kvsim.policies._scoring import window_scores

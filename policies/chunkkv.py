@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvsim.policies._params import require_bool, require_int
 from kvsim.policies._scoring import uniform_head_budget, window_scores
 from kvsim.policies.base import Policy, PolicyContext, PrefillView, Tier

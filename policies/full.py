@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvsim.policies.base import Policy, PolicyContext, PrefillView, full_tiers
 from kvsim.policies.registry import register
 

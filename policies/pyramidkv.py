@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvsim.policies._allocation import allocate
 from kvsim.policies._params import require_real
 from kvsim.policies._scoring import uniform_head_budget

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvsim.policies._pages import (
     LayerPageBoxes,
     PageBoxes,

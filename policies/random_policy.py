@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvsim.policies._params import require_int
 from kvsim.policies.base import PolicyContext, PrefillView, descending_ranks, shared
 from kvsim.policies.registry import register

@@ -26,6 +26,7 @@ import abc
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvsim.policies._scoring import uniform_head_budget
 from kvsim.policies.base import (
     TIER_DTYPE,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvsim.policies._params import POOLINGS, require_choice, require_int
 from kvsim.policies._scoring import pooled_window_scores
 from kvsim.policies.base import PolicyContext, PrefillView

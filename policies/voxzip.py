@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvsim.policies._params import require_choice, require_int, require_real
 from kvsim.policies._scoring import uniform_head_budget
 from kvsim.policies.base import (

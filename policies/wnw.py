@@ -61,6 +61,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from kvsim.policies._params import require_choice, require_int, require_real
 from kvsim.policies._scoring import window_scores
 from kvsim.policies._wnw_layout import (

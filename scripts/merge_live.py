@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import polars as pl
-from kvsim.live.run import aggregate, wer_chart, with_method
 
+from kvsim.live.run import aggregate, wer_chart, with_method
 from kvsim.plots import save_chart
 from kvsim.trace.atomic import atomic_file
 

@@ -17,6 +17,7 @@ import argparse
 from pathlib import Path
 
 import torch
+
 from kvsim.minivox import load_minivox, minivox_dir
 from kvsim.minivox.data import read_manifest
 from kvsim.minivox.train import TrainConfig, batch_rows, loss_fn, make_batch

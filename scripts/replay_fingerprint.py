@@ -24,8 +24,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
-from kvsim.policies import registry  # noqa: E402
 
+from kvsim.policies import registry  # noqa: E402
 from kvsim.replay.engine import PolicySpec, ReplayConfig, Replayer  # noqa: E402
 from kvsim.sim import (  # noqa: E402
     AnalyticPolicy,

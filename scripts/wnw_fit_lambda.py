@@ -17,7 +17,6 @@ import sys
 
 from kvsim.policies.base import PolicyContext
 from kvsim.policies.wnw_calibrate import fit_lambda_table
-
 from kvsim.specs import _value, parse_budgets
 from kvsim.trace.heads import read_heads
 from kvsim.trace.reader import Trace, find_traces

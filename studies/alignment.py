@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-from kvsim.studies.mismatch import answer_audio_attention
-from kvsim.tracer.alignment import WordTiming, normalise
 
+from kvsim.studies.mismatch import answer_audio_attention
 from kvsim.trace.reader import Trace
 from kvsim.trace.schema import META_FILE, TraceError
+from kvsim.tracer.alignment import WordTiming, normalise
 
 
 @dataclass(frozen=True)

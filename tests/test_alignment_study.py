@@ -7,6 +7,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
 from kvsim.studies.alignment import (
     chance_agreement,
     find_jumps,
@@ -15,9 +18,6 @@ from kvsim.studies.alignment import (
     word_agreement,
 )
 from kvsim.tracer.alignment import WordTiming
-from typer.testing import CliRunner
-
-from kvsim.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "traces" / "minivox-test_30_60-00013.kvtrace"
@@ -61,7 +61,6 @@ def test_shipped_minivox_trace_reads_its_audio_in_order(tmp_path):
     res = CliRunner().invoke(app, ["alignment", str(SHIPPED), "--words", str(WORDS), "-o", str(tmp_path)])
     assert res.exit_code == 0, res.output
     from kvsim.studies.alignment import alignment
-
     from kvsim.trace.reader import Trace
 
     trace = Trace(SHIPPED)

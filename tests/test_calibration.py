@@ -9,6 +9,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.trace import Trace
+from kvsim.trace.heads import read_heads
 from kvsim.tracer.audio import load_audio
 from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone
 from kvsim.tracer.calibrate import (
@@ -21,11 +26,6 @@ from kvsim.tracer.calibrate import (
     word_span_tokens,
 )
 from kvsim.tracer.run import TraceOptions, generate_traced
-from typer.testing import CliRunner
-
-from kvsim.cli import app
-from kvsim.trace import Trace
-from kvsim.trace.heads import read_heads
 from tests.fixtures.checkpoints import tiny_checkpoint, write_tone
 
 torch.set_num_threads(1)
@@ -237,7 +237,6 @@ def test_trace_stores_held_out_calibration_file(tmp_path_factory):
     """`kvsim trace --heads FILE` embeds scores computed elsewhere (a held-out calibration
     set, as WnW §3.2 does) instead of calibrating on the traced inputs."""
     from kvsim.policies.base import HeadScores
-
     from kvsim.trace.heads import write_heads
 
     ckpt = tiny_checkpoint("voxtral", tmp_path_factory.getbasetemp())

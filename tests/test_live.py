@@ -6,14 +6,14 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+
+from kvsim.core.attention import gqa_logits, softmax_
+from kvsim.core.steplog import STEP_LOG_COLUMNS
 from kvsim.live.attention import masked_attention_probs, masked_decode_attention
 from kvsim.live.decode import LiveConfig, live_generate, plain_generate
 from kvsim.live.models import TinyBackbone, TinyConfig
 from kvsim.policies import registry
 from kvsim.policies.base import HeadScores, Tier
-
-from kvsim.core.attention import gqa_logits, softmax_
-from kvsim.core.steplog import STEP_LOG_COLUMNS
 from kvsim.replay.engine import PolicySpec
 from tests.float32_bounds import attention_output_bound, logit_bound, softmax_rel_bound
 

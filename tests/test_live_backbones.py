@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from kvsim.live.decode import LiveConfig, live_generate, plain_generate
 from kvsim.live.models import load_backbone
 from kvsim.policies import registry
 from kvsim.policies.base import HeadScores
-
 from kvsim.replay.engine import PolicySpec
 from tests.fixtures.checkpoints import tiny_checkpoint
 

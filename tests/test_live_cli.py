@@ -89,6 +89,7 @@ def test_simulator_consumes_live_step_logs(tmp_path):
     from pathlib import Path
 
     import torch
+
     from kvsim.live.data import LiveInput
     from kvsim.live.decode import LiveConfig
     from kvsim.live.models import TinyBackbone, TinyConfig

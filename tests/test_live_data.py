@@ -6,6 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 import soundfile as sf
+
 from kvsim.live.data import DataError, clean_primock_text, load_audio, load_dataset, read_textgrid
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+
 from kvsim.live.metrics import (
     WerConfig,
     average_wer,

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from kvsim.live.decode import LiveConfig, live_generate, plain_generate
 from kvsim.policies.base import HeadScores
-
 from kvsim.replay.engine import PolicySpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.speech]

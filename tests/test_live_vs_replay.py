@@ -8,15 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from kvsim.live.decode import LiveConfig, live_generate
-from kvsim.live.models import load_backbone
-from kvsim.policies.base import HeadScores
-from kvsim.tracer.audio import load_audio
 from typer.testing import CliRunner
 
 from kvsim.cli import app
+from kvsim.live.decode import LiveConfig, live_generate
+from kvsim.live.models import load_backbone
+from kvsim.policies.base import HeadScores
 from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace
 from kvsim.trace.reader import Trace
+from kvsim.tracer.audio import load_audio
 from tests.fixtures.checkpoints import tiny_checkpoint, write_tone
 from tests.float32_bounds import logit_bound, renormalised_rel_bound, softmax_rel_bound
 

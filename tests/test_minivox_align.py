@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from kvsim.minivox.align import CTCHead, greedy_decode, length_batches, valid_tokens
 from torch import nn
+
+from kvsim.minivox.align import CTCHead, greedy_decode, length_batches, valid_tokens
 
 
 def _logits(path: list[int], vocab: int = 6) -> torch.Tensor:

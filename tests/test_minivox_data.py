@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from kvsim.minivox.data import DataConfig, clean_fortune, split_texts
 from kvsim.minivox.wer import corpus_wer, normalise, truncate
 

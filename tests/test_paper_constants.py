@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvsim.policies._params import require_int, require_real
 from kvsim.policies._wnw_layout import PAPER_VOICE_FRACTION, TIDAL, SegmentLayout, kept_per_segment
 from kvsim.policies.base import Tier
 from kvsim.policies.registry import available, make
 from kvsim.policies.voxzip import decayed_accumulate, sink_recent_topn
-
 from tests._zoo_a_views import FakeStepView, make_ctx, random_prefill
 
 VS4 = np.array([[1.0, 0.8], [0.5, 0.2]])

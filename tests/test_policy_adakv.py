@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvsim.policies.adakv import adaptive_head_allocation, adaptive_head_budgets
 from kvsim.policies.base import Tier
 from kvsim.policies.registry import make
-
 from tests._zoo_a_views import make_ctx, random_prefill
 
 SCORES = np.array([[0.9, 0.8, 0.7, 0.6], [0.5, 0.1, 0.0, 0.0]])

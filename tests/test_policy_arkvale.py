@@ -7,9 +7,10 @@ import pytest
 from float32_bounds import dot_bound
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from zoo_fakes import FakePrefill, FakeQuery, drive, make_ctx, random_prefill
+
 from kvsim.policies import Tier, make
 from kvsim.policies._pages import bounding_box_digest, box_upper_bound, page_of_position
-from zoo_fakes import FakePrefill, FakeQuery, drive, make_ctx, random_prefill
 
 
 def test_digest_hand_case() -> None:

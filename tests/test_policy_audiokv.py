@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvsim.policies._allocation import allocate, fft_lowpass
 from kvsim.policies.audiokv import spectral_smooth, voice_guided_budgets
 from kvsim.policies.base import MissingCalibrationError, Tier
 from kvsim.policies.registry import make
-
 from tests._zoo_a_views import make_ctx, random_prefill
 
 

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from zoo_fakes import FakePrefill, make_ctx, random_prefill
+
 from kvsim.policies import Tier, make
 from kvsim.policies.chunkkv import chunk_scores, select_chunks
-from zoo_fakes import FakePrefill, make_ctx, random_prefill
 
 
 def test_chunk_scores_sum_and_scale_short_last_chunk() -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from float32_bounds import U32, gamma, logit_bound, softmax_rel_bound
+from zoo_fakes import FakePrefill, FakeStep, drive, make_ctx, random_prefill
+
 from kvsim.policies import Tier, make
 from kvsim.policies.base import kv_group_sum
-from zoo_fakes import FakePrefill, FakeStep, drive, make_ctx, random_prefill
 
 
 def _hand_view(scores_per_q: np.ndarray, n_layers: int = 1) -> FakePrefill:
@@ -115,7 +116,6 @@ def test_engine_accumulates_compressed_attention() -> None:
     from unittest import mock
 
     from kvsim.policies import registry
-
     from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace
     from kvsim.synth import SynthConfig, synthesize
     from kvsim.trace.reader import Trace

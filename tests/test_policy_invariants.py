@@ -35,8 +35,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
-from kvsim.policies import Tier, available, registry
 
+from kvsim.policies import Tier, available, registry
 from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace
 from kvsim.synth import SynthConfig, synthesize
 from kvsim.testing import captured_policies, replay_one

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from zoo_fakes import make_ctx, random_prefill
+
 from kvsim.policies import Tier, make
 from kvsim.policies._pages import (
     PageBoxes,
@@ -24,7 +26,6 @@ from kvsim.policies._pages import (
     top_pages,
 )
 from kvsim.policies.base import ArrayQueryView, ArrayStepQueryView, topk_mask
-from zoo_fakes import make_ctx, random_prefill
 
 
 def _reference_arkvale_select(pol, state: dict, layer: int, q: np.ndarray, keys: np.ndarray):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvsim.policies.base import Tier
 from kvsim.policies.pyramidkv import pyramid_layer_budgets
 from kvsim.policies.registry import make
-
 from tests._zoo_a_views import make_ctx, random_prefill
 
 

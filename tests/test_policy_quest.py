@@ -9,9 +9,10 @@ import pytest
 from float32_bounds import dot_bound
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from zoo_fakes import FakeQuery, drive, make_ctx, random_prefill
+
 from kvsim.policies import Tier, make
 from kvsim.policies._pages import box_upper_bound, minmax_digest, n_pages, page_sizes
-from zoo_fakes import FakeQuery, drive, make_ctx, random_prefill
 
 _finite = st.floats(-8, 8, allow_nan=False, width=32)
 

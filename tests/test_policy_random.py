@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kvsim.policies import Tier, make
 from zoo_fakes import make_ctx, random_prefill
+
+from kvsim.policies import Tier, make
 
 
 @pytest.mark.parametrize("r", [0.2, 0.4, 0.6, 0.8, 1.0])

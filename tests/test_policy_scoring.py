@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+
 from kvsim.policies.adakv import AdaKV
 from kvsim.policies.base import PolicyContext, PrefillView, Tier, topk_mask
 from kvsim.policies.pyramidkv import PyramidKV
 from kvsim.policies.scoring import ScoringPolicy
 from kvsim.policies.snapkv import SnapKV
 from kvsim.policies.streaming import StreamingLLM
-
 from tests.zoo_fakes import FakePrefill, make_ctx
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvsim.policies.base import Tier
 from kvsim.policies.registry import make
 from kvsim.policies.voxzip import decayed_accumulate, sink_recent_topn
-
 from tests._zoo_a_views import FakePrefillView, make_ctx, random_prefill
 
 

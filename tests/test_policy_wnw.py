@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvsim.policies._wnw_layout import (
     ANCHOR,
     FIXED,
@@ -20,7 +21,6 @@ from kvsim.policies.base import MissingCalibrationError, Tier
 from kvsim.policies.registry import make
 from kvsim.policies.wnw import WnWBudgetWarning
 from kvsim.policies.wnw_calibrate import fit_lambda, fit_lambda_table
-
 from tests._zoo_a_views import FakeStepView, focused_step, make_ctx, random_prefill
 
 VS4 = np.array([[1.0, 0.8], [0.5, 0.2]])  # importance ranking: (0,0) > (0,1) > (1,0) > (1,1)

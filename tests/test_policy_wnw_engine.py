@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from kvsim.policies._wnw_layout import ANCHOR, FIXED, TIDAL, SegmentLayout
 from kvsim.policies.base import Tier
 from kvsim.policies.registry import make
 from kvsim.policies.wnw import WnWBudgetWarning
-
 from kvsim.replay.engine import PolicySpec, ReplayConfig, Replayer, replay_trace
 from kvsim.synth import SynthConfig, synthesize
 from kvsim.trace import Trace, write_trace

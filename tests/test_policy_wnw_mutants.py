@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
+
 from kvsim.policies._wnw_layout import (
     ANCHOR,
     SegmentLayout,
@@ -23,7 +24,6 @@ from kvsim.policies._wnw_layout import (
 from kvsim.policies.base import Tier
 from kvsim.policies.registry import make
 from kvsim.policies.wnw import WnWBudgetWarning
-
 from tests._zoo_a_views import FakeStepView, focused_step, make_ctx, random_prefill
 
 VS4 = np.array([[1.0, 0.8], [0.5, 0.2]])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from kvsim.policies.base import (
     Policy,
     PolicyContext,
@@ -17,7 +18,6 @@ from kvsim.policies.base import (
     full_tiers,
 )
 from kvsim.policies.registry import register
-
 from kvsim.replay.engine import InvariantViolation, PolicySpec, ReplayConfig, replay_trace
 from kvsim.trace import Trace
 from tests.conftest import make_trace

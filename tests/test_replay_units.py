@@ -4,8 +4,8 @@ write through to the arrays shared by all runs, and the batched metrics' exact c
 from __future__ import annotations
 
 import numpy as np
-from kvsim.policies.base import HeadLayout, Tier
 
+from kvsim.policies.base import HeadLayout, Tier
 from kvsim.replay.engine import PolicySpec
 from kvsim.replay.logwriter import StepLogWriter
 from kvsim.replay.metrics import MetricAccumulator

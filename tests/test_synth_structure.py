@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kvsim.studies.mismatch import mismatch
 
 from kvsim.core.attention import causal_attention
+from kvsim.studies.mismatch import mismatch
 from kvsim.synth import SynthConfig, synthesize
 from kvsim.trace import Trace, write_trace
 

@@ -9,6 +9,7 @@ import subprocess
 
 import numpy as np
 import pytest
+
 from kvsim.tracer.alignment import (
     AlignmentError,
     WordTiming,
@@ -17,7 +18,6 @@ from kvsim.tracer.alignment import (
     match_words,
     token_words,
 )
-
 from tests.fixtures.tiny_qwen_omni import build_tokenizer
 
 TEXT = "The theatre's answer, then: another thin reason."

@@ -3,13 +3,13 @@ rest complete (exit code 1); (f) an interrupted run resumes, skipping complete t
 
 from __future__ import annotations
 
-import kvsim.tracer.batch as batch
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
 from typer.testing import CliRunner
 
+import kvsim.tracer.batch as batch
 from kvsim.cli import app
 from kvsim.trace.validate import validate_trace
 from tests.fixtures.checkpoints import tiny_checkpoint, write_tone

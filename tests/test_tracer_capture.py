@@ -9,13 +9,13 @@ import math
 import numpy as np
 import pytest
 import torch
-from kvsim.tracer.audio import load_audio
-from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone
-from kvsim.tracer.run import greedy_kwargs
 from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.trace.validate import validate_trace
+from kvsim.tracer.audio import load_audio
+from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone
+from kvsim.tracer.run import greedy_kwargs
 from tests.fixtures.checkpoints import tiny_checkpoint, write_tone
 
 torch.set_num_threads(1)

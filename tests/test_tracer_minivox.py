@@ -9,13 +9,13 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from kvsim.tracer.audio import load_audio
-from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone
-from kvsim.tracer.run import greedy_kwargs
 from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.trace.validate import validate_trace
+from kvsim.tracer.audio import load_audio
+from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone
+from kvsim.tracer.run import greedy_kwargs
 
 pytest.importorskip("kvsim.minivox", reason="minivox is not in this checkout")
 pytestmark = [pytest.mark.slow, pytest.mark.speech]

@@ -7,13 +7,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvsim.live.decode import LiveConfig, live_generate
 from kvsim.live.models import TinyBackbone, TinyConfig
+from kvsim.replay.engine import PolicySpec
 from kvsim.tracer.transforms import affpool, parse_transforms, semantic_anchors, splice
 from kvsim.tracer.transforms.affpool import adjacent_affinity, calibrate_threshold, groups_for
 from kvsim.tracer.transforms.voxzip_anchors import AsrSegment
-
-from kvsim.replay.engine import PolicySpec
 
 torch.set_num_threads(1)
 
@@ -191,7 +191,6 @@ def test_transform_prepared_for_the_tracer(tmp_path, tmp_path_factory):
     ids, kinds and times describe the rewritten span, and which generates."""
     from kvsim.live.prepared import transform_prepared
     from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone
-
     from tests.fixtures.checkpoints import tiny_checkpoint
 
     ckpt = tiny_checkpoint("voxtral", tmp_path_factory.getbasetemp())  # shared with other modules

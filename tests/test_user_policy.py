@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from kvsim.policies import Policy, Tier, registry
-from kvsim.policies.base import PolicyContext, PrefillView, StepView, full_tiers
-from kvsim.policies.scoring import ScoringPolicy
 from typer.testing import CliRunner
 
 from examples.my_policy.recent_heavy import RecentHeavy
 from kvsim.cli import app
 from kvsim.core.invariants import InvariantViolation
+from kvsim.policies import Policy, Tier, registry
+from kvsim.policies.base import PolicyContext, PrefillView, StepView, full_tiers
+from kvsim.policies.scoring import ScoringPolicy
 from kvsim.specs import parse_policies
 from kvsim.testing import check_policy
 from tests.conftest import make_trace

@@ -9,6 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kvsim.trace import TraceError, write_trace
+from kvsim.trace.atomic import clean_stale
+from kvsim.trace.schema import TRACE_SUFFIX
+from kvsim.trace.validate import validate_trace
 from kvsim.tracer.alignment import (
     ALIGNMENT_SUFFIXES,
     TRANSCRIPT_SUFFIXES,
@@ -22,15 +31,6 @@ from kvsim.tracer.alignment import (
 from kvsim.tracer.audio import AudioError, load_audio
 from kvsim.tracer.backbones import Backbone, LoadOptions, load_backbone
 from kvsim.tracer.run import TraceOptions, build_trace, generate_traced
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
-from kvsim.trace import TraceError, write_trace
-from kvsim.trace.atomic import clean_stale
-from kvsim.trace.schema import TRACE_SUFFIX
-from kvsim.trace.validate import validate_trace
 
 if TYPE_CHECKING:
     from kvsim.rundir import RunDir

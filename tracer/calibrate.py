@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from kvsim.tracer.backbones.base import Backbone, Prepared
-from kvsim.tracer.capture import Recorder, recording
 
 from kvsim.core.shapes import HeadScores
+from kvsim.tracer.backbones.base import Backbone, Prepared
+from kvsim.tracer.capture import Recorder, recording
 
 
 @dataclass
@@ -249,11 +249,10 @@ def calibrate_into_traces(results: list, batch_cfg: Any, cfg: CalibrationConfig,
     """``kvsim trace --calibrate``: score heads over the batch's traces (VS from the recorded
     q/k, HS from a teacher-forced pass over each input), store the scores in every trace and in
     ``OUT/heads.json``."""
-    from kvsim.tracer.audio import load_audio
-    from kvsim.tracer.traceio import load_trace_data
-
     from kvsim.trace import Trace, write_trace
     from kvsim.trace.heads import write_heads
+    from kvsim.tracer.audio import load_audio
+    from kvsim.tracer.traceio import load_trace_data
 
     good = [r for r in results if r.status != "failed" and r.trace is not None]
     if not good:
@@ -302,9 +301,8 @@ def calibrate_into_traces(results: list, batch_cfg: Any, cfg: CalibrationConfig,
 def store_head_scores(results: list, scores: HeadScores, console: Any) -> None:
     """``kvsim trace --heads FILE``: store held-out calibration scores in every trace written
     (checked against each trace's shape)."""
-    from kvsim.tracer.traceio import load_trace_data
-
     from kvsim.trace import Trace, write_trace
+    from kvsim.tracer.traceio import load_trace_data
 
     for r in results:
         if r.status == "failed" or r.trace is None:
@@ -331,11 +329,12 @@ def calibrate_inputs(inputs: list[Path], batch_cfg: Any, cfg: CalibrationConfig,
                      console: Any) -> CalibrationRun:
     """``kvsim calibrate``: greedy decode each input with the recording attention, align the
     answer's words, accumulate VS (from the recorded q/k) and HS (teacher-forced gradients)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
     from kvsim.tracer.alignment import AlignmentError
     from kvsim.tracer.audio import AudioError, load_audio
     from kvsim.tracer.batch import Tracer
     from kvsim.tracer.run import generate_traced
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     tracer = Tracer(batch_cfg, console)
     bb = tracer.backbone

@@ -11,15 +11,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from kvsim.tracer.alignment import TokenAlignment
-from kvsim.tracer.audio import AudioClip
-from kvsim.tracer.backbones.base import Backbone, Prepared, PromptSpec
-from kvsim.tracer.capture import Recorder, recording
 
 from kvsim.core.shapes import HeadScores
 from kvsim.trace import ModelFacts, TraceData, TraceMeta, positions_frame
 from kvsim.trace.schema import OBSERVATION_WINDOW, observation_window
 from kvsim.trace.writer import default_provenance
+from kvsim.tracer.alignment import TokenAlignment
+from kvsim.tracer.audio import AudioClip
+from kvsim.tracer.backbones.base import Backbone, Prepared, PromptSpec
+from kvsim.tracer.capture import Recorder, recording
 
 FP16_MAX = 65504.0
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvsim.policies.base import PolicyContext, PrefillView, kv_group_sum
 from kvsim.policies.scoring import ScoringPolicy
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from kvsim.tracer.audio import AudioClip, AudioError
-from kvsim.tracer.capture import register_trace_attention
 
 from kvsim.trace.schema import ModelFacts
+from kvsim.tracer.audio import AudioClip, AudioError
+from kvsim.tracer.capture import register_trace_attention
 
 TASKS = ("transcribe", "translate")
 

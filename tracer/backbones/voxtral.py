@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 import numpy as np
+
 from kvsim.tracer.audio import AudioClip
 from kvsim.tracer.backbones.base import LANGUAGE_NAMES, Backbone, Prepared, PromptSpec
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
 from kvsim.tracer.transforms.affpool import affpool
 from kvsim.tracer.transforms.base import SpanTransform, splice
 from kvsim.tracer.transforms.voxzip_anchors import semantic_anchors, whisper_segments

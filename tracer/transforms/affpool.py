@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
 from kvsim.tracer.transforms.base import SpanTransform
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from kvsim.tracer.transforms.base import SpanTransform
 
 CONFIDENCE = 0.3
