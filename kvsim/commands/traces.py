@@ -125,8 +125,9 @@ def synth(
     seed: Annotated[int, typer.Option(help="Random seed")] = 0,
     values: Annotated[bool, typer.Option(help="Store values (for output-error metrics)")] = True,
 ) -> None:
-    """Synthesise a trace with real q/k whose attention has WnW §2.1's structure (written a
-    layer at a time: memory for one layer, not the whole trace)."""
+    """Synthesise a trace with real q/k whose attention has WnW §2.1's structure.
+
+    It is written one layer at a time, so memory holds one layer, not the whole trace."""
     from kvsim.synth import SynthConfig, write_synthetic
 
     try:
