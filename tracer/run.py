@@ -115,16 +115,14 @@ def storage_dtype(tensors: dict[str, torch.Tensor], wanted: str) -> str:
     return wanted
 
 
-def build_trace(backbone: Backbone, clip: AudioClip, gen: Generation, options: TraceOptions,
-                alignment: TokenAlignment | None, reference_text: str | None,
-                head_scores: HeadScores | None = None, extra: dict[str, Any] | None = None,
-                ) -> TraceData:
-    """Lay out the trace of one generation (see the contract in :mod:`kvsim.trace.schema`)."""
+def _positions_table(gen: Generation, alignment: TokenAlignment | None):
+    """The per-position table of a generation: kinds, token ids, audio times, the words of the
+    generated tokens (when aligned) and, when the processor says, which audio is padding."""
+    import polars as pl
+
     p = gen.prepared
     n = gen.n_positions
     n_dec = len(gen.tokens) - 1
-    dtype = storage_dtype(gen.tensors, options.storage_dtype)
-    facts: ModelFacts = backbone.facts(dtype)
     kinds = list(p.kinds) + ["generated"] * n_dec
     token_ids = np.concatenate([p.input_ids, np.asarray(gen.tokens[:-1], dtype=np.int64)])
     a_start = np.full(n, np.nan)
@@ -144,8 +142,6 @@ def build_trace(backbone: Backbone, clip: AudioClip, gen: Generation, options: T
             conf[pos] = alignment.confidence[j]
     positions = positions_frame(kinds, token_ids, gen.query_positions, a_start, a_end, words,
                                 w_start, w_end)
-    import polars as pl
-
     positions = positions.with_columns(
         pl.Series("word_confidence", [None if not np.isfinite(c) else float(c) for c in conf],
                   dtype=pl.Float64))
@@ -153,11 +149,17 @@ def build_trace(backbone: Backbone, clip: AudioClip, gen: Generation, options: T
         padding = np.zeros(n, dtype=bool)
         padding[p.audio_positions] = p.audio_padding
         positions = positions.with_columns(pl.Series("padding", padding, dtype=pl.Boolean))
-    text = backbone.decode(gen.tokens)
-    stopped = "eos" if gen.tokens[-1] in backbone.eos_ids else "max_new_tokens"
-    prov = default_provenance()
+    return positions
+
+
+def _provenance(backbone: Backbone, options: TraceOptions, gen: Generation,
+                alignment: TokenAlignment | None, extra: dict[str, Any] | None) -> dict[str, Any]:
+    """Where a trace came from: versions, device, prompt settings, generation and timing."""
     import transformers
 
+    n_dec = len(gen.tokens) - 1
+    stopped = "eos" if gen.tokens[-1] in backbone.eos_ids else "max_new_tokens"
+    prov = default_provenance()
     prov.update({
         "tracer": "kvsim.tracer",
         "model_path": backbone.path,
@@ -180,6 +182,22 @@ def build_trace(backbone: Backbone, clip: AudioClip, gen: Generation, options: T
         prov["alignment"] = {"source": alignment.source, **alignment.info}
     if extra:
         prov.update(extra)
+    return prov
+
+
+def build_trace(backbone: Backbone, clip: AudioClip, gen: Generation, options: TraceOptions,
+                alignment: TokenAlignment | None, reference_text: str | None,
+                head_scores: HeadScores | None = None, extra: dict[str, Any] | None = None,
+                ) -> TraceData:
+    """Lay out the trace of one generation (see the contract in :mod:`kvsim.trace.schema`)."""
+    p = gen.prepared
+    n = gen.n_positions
+    n_dec = len(gen.tokens) - 1
+    dtype = storage_dtype(gen.tensors, options.storage_dtype)
+    facts: ModelFacts = backbone.facts(dtype)
+    positions = _positions_table(gen, alignment)
+    text = backbone.decode(gen.tokens)
+    prov = _provenance(backbone, options, gen, alignment, extra)
     audio = {
         "path": str(clip.path), "duration_s": clip.duration_s, "sample_rate": clip.sample_rate,
         "source_sample_rate": clip.source_rate, "source_channels": clip.source_channels,
