@@ -134,6 +134,35 @@ def prefill_once(lm: LiveModel, prompt: LivePrompt, window: int = OBSERVATION_WI
     return Prefilled(cache, _argmax(out.logits), list(session._pq), list(session._pk), secs)
 
 
+def _open_session(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: LiveConfig,
+                  prefilled: Prefilled | None) -> tuple[PolicyContext, LiveSession]:
+    """The policy of ``spec`` in a :class:`LiveSession` for ``prompt``; a shared prefill must
+    hold the observation window this run wants."""
+    ctx = PolicyContext(heads=lm.layout, n_audio=prompt.n_audio,
+                        audio_tokens_per_s=lm.audio_tokens_per_s, n_prefill=prompt.n_prompt,
+                        head_scores=cfg.head_scores, seed=cfg.seed)
+    session = LiveSession(spec.make(), ctx, prompt.audio_positions, prompt.n_prompt,
+                          label=f"{spec.label}@{spec.budget:g}", physical=cfg.physical,
+                          check_invariants=cfg.check_invariants, window=cfg.observation_window)
+    q0 = prefilled.queries[0] if prefilled is not None else None
+    if q0 is not None and q0.shape[1] != len(session.window):
+        raise ValueError(f"the shared prefill holds {q0.shape[1]} window queries, "
+                         f"the run wants {len(session.window)} (observation_window differs)")
+    session.dtype_bytes = lm.dtype_bytes
+    return ctx, session
+
+
+def _physical_summary(stats: Any, cache: Any, n_steps: int) -> dict[str, float]:
+    """Per-step copies and bytes of the physical offload path, and the audio KV on device."""
+    steps = max(n_steps, 1)
+    return dict(
+        physical_h2d_mb_per_step=stats.h2d_bytes / 1e6 / steps,
+        physical_copies_per_step=stats.copies / steps,
+        physical_rebuilds_per_step=stats.rebuilds / steps,
+        device_audio_mb=sum(layer.device_audio_bytes() for layer in cache.layers) / 1e6,
+    )
+
+
 @torch.no_grad()
 def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: LiveConfig,
                   prefilled: Prefilled | None = None) -> LiveRun:
@@ -151,18 +180,7 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
     if lm.text_config._attn_implementation != LIVE_ATTN:
         raise ValueError(f"{lm.name}: the text decoder does not use the {LIVE_ATTN!r} attention")
     model, device = lm.model, lm.device
-    policy = spec.make()
-    ctx = PolicyContext(heads=lm.layout, n_audio=prompt.n_audio,
-                        audio_tokens_per_s=lm.audio_tokens_per_s, n_prefill=prompt.n_prompt,
-                        head_scores=cfg.head_scores, seed=cfg.seed)
-    session = LiveSession(policy, ctx, prompt.audio_positions, prompt.n_prompt,
-                          label=f"{spec.label}@{spec.budget:g}", physical=cfg.physical,
-                          check_invariants=cfg.check_invariants, window=cfg.observation_window)
-    q0 = prefilled.queries[0] if prefilled is not None else None
-    if q0 is not None and q0.shape[1] != len(session.window):
-        raise ValueError(f"the shared prefill holds {q0.shape[1]} window queries, "
-                         f"the run wants {len(session.window)} (observation_window differs)")
-    session.dtype_bytes = lm.dtype_bytes
+    ctx, session = _open_session(lm, prompt, spec, cfg, prefilled)
     eos = lm.eos_ids
     cache = DynamicCache(config=model.config) if prefilled is None else copy.deepcopy(prefilled.cache)
     token = ACTIVE.set(session)
@@ -225,13 +243,7 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
            else pl.DataFrame(schema=STEP_LOG_COLUMNS))
     summary = _summary(session, log, ctx, spec, prompt, prefill_s, step_ms, terminated, len(tokens))
     if stats is not None:
-        steps = max(len(step_ms), 1)
-        summary.update(
-            physical_h2d_mb_per_step=stats.h2d_bytes / 1e6 / steps,
-            physical_copies_per_step=stats.copies / steps,
-            physical_rebuilds_per_step=stats.rebuilds / steps,
-            device_audio_mb=sum(layer.device_audio_bytes() for layer in cache.layers) / 1e6,
-        )
+        summary.update(_physical_summary(stats, cache, len(step_ms)))
     if peak is not None:
         summary["peak_mem_mb"] = peak / 1e6  # during decoding
         summary.update(mem)
