@@ -32,7 +32,10 @@ def _register_commands() -> None:
             continue
         module = importlib.import_module(f"kvsim.commands.{mod.name}")
         for command in module.COMMANDS:
-            app.command(name=command.__name__.replace("_", "-"))(command)
+            if isinstance(command, typer.Typer):  # a command group (``kvsim study ...``)
+                app.add_typer(command)
+            else:
+                app.command(name=command.__name__.replace("_", "-"))(command)
 
 
 def set_single_thread() -> None:

@@ -283,10 +283,13 @@ def generate(out: Path, cfg: DataConfig, splits: list[str] | None = None) -> Pat
         proc.join()
         if proc.exitcode != 0:
             raise RuntimeError(f"split {spec.name}: generation failed (exit {proc.exitcode})")
+    wanted = [s.name for s in cfg.splits if not splits or s.name in splits]
     parts = [out / "parts" / f"{s.name}.parquet" for s in cfg.splits]
-    missing = [str(p) for p in parts if not p.is_file()]
+    missing = [str(p) for p in parts if not p.is_file() and p.stem in wanted]
     if missing:
         raise FileNotFoundError(f"missing split manifests: {missing}")
+    # a partial corpus (``--splits``) lists the splits generated so far
+    parts = [p for p in parts if p.is_file()]
     manifest = out / "manifest.parquet"
     df = pl.concat([pl.read_parquet(p) for p in parts], how="vertical_relaxed")
     df.write_parquet(manifest)

@@ -1,0 +1,52 @@
+"""``kvsim study NAME``: the papers' studies as commands (one module per study here, its
+computation in :mod:`kvsim.studies`). A module registers its function in ``COMMAND``."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+study_app = typer.Typer(
+    name="study",
+    help="The papers' studies: each writes a markdown table beside the paper's numbers, a parquet and a figure.",
+    no_args_is_help=True,
+)
+
+#: Options every study takes.
+QuickOption = Annotated[bool, typer.Option("--quick", help="A small run (fewer inputs, budgets, settings) to try the study")]
+
+
+OutOption = Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default runs/study/<study>)")]
+
+
+def default_out(name: str, out: Path | None) -> Path:
+    """``out``, or ``runs/study/<name>`` when none was given."""
+    return out if out is not None else Path("runs/study") / name
+
+
+def finish(report, out: Path, t0: float) -> None:
+    """Write a study's report under ``out`` and say where (one line per file on stderr)."""
+    from kvsim.commands._errors import err
+    from kvsim.studies.report import write_report
+
+    for path in write_report(report, out, time.perf_counter() - t0):
+        err.print(f"wrote {path}", markup=False)
+
+
+def _register() -> None:
+    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if mod.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{mod.name}")
+        command = module.COMMAND
+        study_app.command(name=command.__name__.replace("_", "-"))(command)
+
+
+_register()
+
+COMMANDS = (study_app,)
