@@ -35,8 +35,9 @@ from safetensors.torch import save_file
 from torch import nn
 from tqdm import tqdm
 
+from kvsim.wer import corpus_wer, normalize
+
 from .data import read_manifest
-from .wer import corpus_wer, normalise
 
 FRAMES_PER_TOKEN = 4
 TOKENS_PER_S = 12.5
@@ -50,7 +51,7 @@ def valid_tokens(duration_s: float, n_tokens: int) -> int:
 
 def ctc_targets(text: str, tok) -> list[int]:
     """SmolLM2 BPE ids of the normalised transcript."""
-    return tok(normalise(text), add_special_tokens=False)["input_ids"]
+    return tok(normalize(text), add_special_tokens=False)["input_ids"]
 
 
 class CTCHead(nn.Module):
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
                     ids = [vocab[k - 1] for k in greedy_decode(lg[j], xi.shape[0])]
                     hyps.append(tok.decode(ids))
         proj.train()
-        wer = corpus_wer([t for _, _, t in dev], hyps)
+        wer = corpus_wer(hyps, [t for _, _, t in dev], tok)
         print(f"\n  dev CTC WER {wer:.4f} | {hyps[0][:150]!r}", flush=True)
         return wer
 

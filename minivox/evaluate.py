@@ -18,9 +18,10 @@ from pathlib import Path
 import soundfile as sf
 import torch
 
+from kvsim.wer import corpus_wer
+
 from . import load_minivox, minivox_dir
 from .data import parse_shard, read_manifest
-from .wer import corpus_wer
 
 
 def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | None,
@@ -46,7 +47,7 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | N
             hyp = proc.decode(gen)
             refs.append(r["text"])
             hyps.append(hyp)
-            w = corpus_wer([r["text"]], [hyp])
+            w = corpus_wer([hyp], [r["text"]], proc.tokenizer)
             rec = {"split": split, "id": r["id"], "duration": r["duration"], "wer": w,
                    "n_prompt": n_in, "n_gen": int(gen.numel()), "wall_s": wall,
                    "ref": r["text"], "hyp": hyp}
@@ -55,7 +56,7 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | N
             if fh:
                 fh.write(json.dumps(rec) + "\n")
                 fh.flush()
-        results[split] = corpus_wer(refs, hyps)
+        results[split] = corpus_wer(hyps, refs, proc.tokenizer)
         print(f"== {split}: {len(rows)} clips, corpus WER {results[split]:.4f}", flush=True)
     if fh:
         fh.close()
@@ -64,11 +65,14 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | N
 
 def summarise(files: list[Path]) -> dict[str, float]:
     """Corpus WER per split over the records of several ``--out`` files."""
+    from . import load_processor
+
+    tokenizer = load_processor(minivox_dir()).tokenizer
     recs = [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
     out = {}
     for split in sorted({r["split"] for r in recs}):
         rs = [r for r in recs if r["split"] == split]
-        out[split] = corpus_wer([r["ref"] for r in rs], [r["hyp"] for r in rs])
+        out[split] = corpus_wer([r["hyp"] for r in rs], [r["ref"] for r in rs], tokenizer)
         gen = sum(r["n_gen"] for r in rs)
         print(f"{split}\tclips {len(rs)}\tWER {out[split]:.4f}\tgenerated {gen} tokens")
     return out

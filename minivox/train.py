@@ -32,10 +32,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from kvsim.wer import corpus_wer
+
 from .build import REPO_WEIGHTS, build_base, read_adapter, save_adapter, split_adapter
 from .data import parse_shard, read_manifest
 from .lora import add_lora, load_lora_state, lora_state
-from .wer import corpus_wer
 
 
 @dataclass
@@ -175,7 +176,7 @@ def dev_wer(model, proc, rows: list[dict]) -> tuple[float, list[str]]:
     model.eval()
     hyps = [transcribe(model, proc, sf.read(r["abs_path"], dtype="float32")[0]) for r in rows]
     model.train()
-    return corpus_wer([r["text"] for r in rows], hyps), hyps
+    return corpus_wer(hyps, [r["text"] for r in rows], proc.tokenizer), hyps
 
 
 def trainable(model) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
