@@ -46,13 +46,19 @@ def test_a_trace_that_stored_the_text_after_the_audio_keeps_that_window(tmp_path
 
 
 @pytest.mark.skipif(not SHIPPED.exists(), reason="shipped trace not in this checkout")
-def test_shipped_trace_reads_with_its_own_window_and_unknown_padding():
+def test_shipped_trace_has_the_32_window_and_its_padding():
+    """The shipped minivox trace is recorded with WnW App. F's 32-query window (13 text
+    positions follow the audio, so 19 window queries are audio) and marks its padding: the
+    59.57 s clip is padded to 60 s, the last 5 tokens (start >= 59.57 s at 12.5 tokens/s)."""
     t = Trace(SHIPPED)
-    assert len(t.window_positions) == 13 and t.window_positions[0] == t.audio_positions[-1] + 1
-    assert not t.padding_recorded
+    n0 = t.meta.n_prefill
+    np.testing.assert_array_equal(t.window_positions, np.arange(n0 - 32, n0))
+    assert np.isin(t.window_positions, t.audio_positions).sum() == 19
+    assert t.padding_recorded
+    np.testing.assert_array_equal(t.padding_positions, t.audio_positions[-5:])
     out = CliRunner().invoke(app, ["info", str(SHIPPED)], terminal_width=200)
     assert out.exit_code == 0, out.output
-    assert "not recorded" in out.output and "13 prompt queries (0 audio)" in out.output
+    assert "32 prompt queries (19 audio)" in out.output and "5 tokens" in out.output
 
 
 def test_padding_rule_is_tokens_starting_at_or_after_the_end():
