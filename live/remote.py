@@ -143,10 +143,7 @@ def run_live_on_ray(address: str, model: ModelSpec, job: LiveJob, out: RunDir | 
     across tasks); otherwise one CPU.
     """
     ray = connect(address)
-    if model.on_gpu:  # max_calls=0: Ray's default of 1 for GPU tasks would reload the model
-        task = ray.remote(num_gpus=1, max_calls=0)(decode_task)
-    else:
-        task = ray.remote(num_cpus=1)(decode_task)
+    task = ray.remote(**task_resources(model))(decode_task)
     shared = ray.put(replace(job, inputs=()))  # the plan and config, sent to the store once
     pending = {task.remote(model, shared, item): item for item in pending_inputs(job, out)}
     rows: list[dict[str, Any]] = []
@@ -162,6 +159,13 @@ def run_live_on_ray(address: str, model: ModelSpec, job: LiveJob, out: RunDir | 
         rows += outcome.rows
         record_input(out, item, outcome.rows, outcome.logs)
     return finish_run(out, rows, job)
+
+
+def task_resources(model: ModelSpec) -> dict[str, int]:
+    """What each task asks Ray for: one GPU when the model runs on cuda, else one CPU.
+    ``max_calls=0`` keeps a GPU worker alive between tasks (Ray's default for GPU tasks, one
+    call per worker, would load the model again for every input)."""
+    return {"num_gpus": 1, "max_calls": 0} if model.on_gpu else {"num_cpus": 1}
 
 
 def _collect(ray: Any, ref: Any, item: LiveInput) -> InputOutcome:
