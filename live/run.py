@@ -106,21 +106,41 @@ def run_live(lm: LiveModel, job: LiveJob, out: RunDir | Path | None = None,
             return run_live(lm, job, run, log)
     rows: list[dict[str, Any]] = []
     skip: set[tuple[str, str, float]] = set()  # policies that cannot run (missing calibration)
-    for item in job.inputs:
-        if out is not None and item.id in out.completed:
-            continue  # resumed: kept from the interrupted run
+    for item in pending_inputs(job, out):
         try:
-            item_rows, logs = _decode_input(lm, job, item, skip, log)
+            item_rows, logs = decode_input(lm, job, item, skip, log)
         except Exception as exc:  # isolation: report this input, keep the others
-            msg = input_error(item.audio_path, exc)
-            log(f"error: {msg}")
-            if out is not None:
-                out.failed(item.id, msg)
+            record_failure(out, item, input_error(item.audio_path, exc), log)
             continue
         rows += item_rows
-        if out is not None:
-            steps = [_write_step_log(out.path, name, r) for name, r in logs]
-            out.done(item.id, pl.DataFrame(item_rows) if item_rows else None, steps=steps)
+        record_input(out, item, item_rows, logs)
+    return finish_run(out, rows, job)
+
+
+def pending_inputs(job: LiveJob, out: RunDir | None) -> list[LiveInput]:
+    """The inputs of ``job`` left to decode: all but those a resumed ``out`` kept."""
+    return [i for i in job.inputs if out is None or i.id not in out.completed]
+
+
+def record_input(out: RunDir | None, item: LiveInput, rows: list[dict[str, Any]],
+                 logs: list[tuple[str, LiveRun]]) -> None:
+    """Keep one decoded input in ``out``: its step logs in ``steps/``, its rows as a part."""
+    if out is not None:
+        steps = [_write_step_log(out.path, name, r) for name, r in logs]
+        out.done(item.id, pl.DataFrame(rows) if rows else None, steps=steps)
+
+
+def record_failure(out: RunDir | None, item: LiveInput, message: str,
+                   log: Callable[[str], None]) -> None:
+    """Report one input that could not be read or decoded (one line) and mark it failed."""
+    log(f"error: {message}")
+    if out is not None:
+        out.failed(item.id, message)
+
+
+def finish_run(out: RunDir | None, rows: list[dict[str, Any]], job: LiveJob) -> pl.DataFrame:
+    """The per-run table of every completed input (kept parts included); with ``out``, also
+    written as ``runs.parquet`` and aggregated as ``results.parquet``."""
     frame = out.parts() if out is not None else (pl.DataFrame(rows) if rows else None)
     if frame is None:
         raise ValueError("no live run completed")
@@ -130,7 +150,7 @@ def run_live(lm: LiveModel, job: LiveJob, out: RunDir | Path | None = None,
     return frame
 
 
-def _decode_input(lm: LiveModel, job: LiveJob, item: LiveInput, skip: set,
+def decode_input(lm: LiveModel, job: LiveJob, item: LiveInput, skip: set,
                   log: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[tuple[str, LiveRun]]]:
     """Every (transform, policy, budget) of the plan on one input: its rows and step logs."""
     from kvsim.tracer.transforms import parse_transforms

@@ -11,18 +11,24 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from kvsim.live.decode import LiveConfig
 from kvsim.live.run import PlanItem
 
+if TYPE_CHECKING:
+    from kvsim.live.run import LiveJob
+    from kvsim.rundir import RunDir
+
 
 @dataclass
 class GridSpec:
     """Where and how to decode a grid.
 
-    ``ray``: None to decode in this process, else a Ray address (``local`` starts a local Ray).
+    ``ray``: None to decode in this process, else a Ray address (``local`` starts a local Ray,
+    ``auto`` joins the cluster ``ray start`` made): one task per input, as ``kvsim live --ray``.
     """
 
     model: str = "minivox"
@@ -40,8 +46,7 @@ def live_grid(items: Sequence, plan: Sequence[PlanItem], cfg: LiveConfig, out: P
     With ``grid.resume`` (default) a folder that an earlier call with the same options filled
     is reused: completed inputs are not decoded again; a folder of other options is cleared.
     """
-    from kvsim.live.models import load_backbone
-    from kvsim.live.run import LiveJob, run_live
+    from kvsim.live.run import LiveJob
     from kvsim.rundir import RunDir, read_manifest
 
     config = {"model": grid.model, "plan": [f"{p.transform}/{p.spec.label}@{p.spec.budget:g}" for p in plan],
@@ -55,7 +60,20 @@ def live_grid(items: Sequence, plan: Sequence[PlanItem], cfg: LiveConfig, out: P
         if set(run.completed) >= {i.id for i in items}:
             frame = run.parts()
         else:
-            lm = load_backbone(grid.model, device=grid.device, dtype=grid.dtype)
-            frame = run_live(lm, job, run, log=log)
+            frame = _decode(grid, job, run, log)
         run.finish()
     return frame
+
+
+def _decode(grid: GridSpec, job: LiveJob, run: RunDir, log: Callable[[str], None]) -> pl.DataFrame:
+    """The inputs of ``job`` that ``run`` lacks, decoded here or as Ray tasks."""
+    if grid.ray:
+        from kvsim.live.remote import ModelSpec, check_model, run_live_on_ray
+
+        check_model(grid.model)
+        return run_live_on_ray(grid.ray, ModelSpec(grid.model, grid.device, grid.dtype), job, run, log)
+    from kvsim.live.models import load_backbone
+    from kvsim.live.run import run_live
+
+    lm = load_backbone(grid.model, device=grid.device, dtype=grid.dtype)
+    return run_live(lm, job, run, log=log)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -51,6 +52,7 @@ def live(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory")] = Path("runs/live"),
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write the WER-vs-r_GPU chart")] = True,
     resume: Annotated[bool, typer.Option("--resume", help="Keep the inputs an interrupted run with the same options completed in --out; decode only the rest")] = False,
+    ray: Annotated[str | None, typer.Option("--ray", help="Decode each input as a Ray task on a cluster: its address ('auto' for the one `ray start` made, 'local' for a local Ray)")] = None,
     wide: WideOption = False,
     fmt: FormatOption = TableFormat.table,
 ) -> None:
@@ -62,7 +64,6 @@ def live(
 
     from kvsim.commands._options import check_positive_ints, check_range
     from kvsim.live.decode import LiveConfig
-    from kvsim.live.models import load_backbone
     from kvsim.live.run import make_plan
     from kvsim.rundir import RunDir, check_out_dir
     from kvsim.specs import parse_budgets
@@ -80,17 +81,35 @@ def live(
                   "language": language, "instruction": instruction, "physical": physical,
                   "calibration": str(calibration) if calibration else None, "dtype": dtype}
         check_out_dir(out)
-        lm = load_backbone(model, device=device, dtype=dtype)
+        decode = _decoder(model, device, dtype, ray)
         run = RunDir.open(out, "live", [i.id for i in items], config, resume=resume)
     except (ValueError, KeyError, FileNotFoundError) as exc:
         fail(exc)
     with run:
-        _decode_all(run, items, plan, lm,
+        _decode_all(run, items, plan, decode,
                     LiveConfig(max_new_tokens=max_new_tokens, physical=physical, head_scores=scores),
                     dict(max_seconds=max_seconds, instruction=instruction, language=language), plot,
                     (fmt, wide))
     if run.manifest["status"] != "complete":
         raise typer.Exit(1)
+
+
+def _decoder(model: str, device: str, dtype: str, ray: str | None) -> Callable[..., Any]:
+    """``(job, run, log) -> runs frame``: the model loaded here and :func:`run_live`, or with
+    ``--ray`` the model checked here (loaded by the workers) and the Ray tasks."""
+    from functools import partial
+
+    from kvsim.live.run import run_live
+
+    if ray is None:
+        from kvsim.live.models import load_backbone
+
+        return partial(run_live, load_backbone(model, device=device, dtype=dtype))
+    from kvsim.live.remote import ModelSpec, check_model, connect, run_live_on_ray
+
+    check_model(model)
+    connect(ray)
+    return partial(run_live_on_ray, ray, ModelSpec(model, device, dtype))
 
 
 def _select_inputs(inputs: list[Path] | None, reference: list[str] | None, dataset: str | None,
@@ -130,25 +149,25 @@ def _check_unique_ids(items: list) -> None:
         seen[it.id] = it.audio_path
 
 
-def _decode_all(run, items: list, plan: list, lm, cfg, job_args: dict, plot: bool,
-                shown: tuple[TableFormat, bool]) -> None:
-    """Decode every input into ``run``; print the table (``shown``: format and --wide) and
-    chart."""
+def _decode_all(run, items: list, plan: list, decode: Callable[..., Any], cfg, job_args: dict,
+                plot: bool, shown: tuple[TableFormat, bool]) -> None:
+    """Decode every input into ``run`` with ``decode`` (:func:`_decoder`); print the table
+    (``shown``: format and --wide) and chart."""
     import polars as pl
 
-    from kvsim.live.run import LiveJob, run_live, wer_chart
+    from kvsim.live.run import LiveJob, wer_chart
 
     t0 = time.perf_counter()
     try:
-        frame = run_live(lm, LiveJob(items, plan, cfg, **job_args), run,
-                         log=lambda m: err.print(m, markup=False, highlight=False))
+        frame = decode(LiveJob(items, plan, cfg, **job_args), run,
+                       log=lambda m: err.print(m, markup=False, highlight=False))
     except ValueError as exc:  # nothing completed
         print_error(str(exc))
         run.finish("failed")
         return
     wall = time.perf_counter() - t0
     results = pl.read_parquet(run.path / "results.parquet", glob=False)
-    print_frame(results, LIVE_COLUMNS, fmt=shown[0], wide=shown[1], title=f"kvsim live ({lm.name})")
+    print_frame(results, LIVE_COLUMNS, fmt=shown[0], wide=shown[1], title=f"kvsim live ({frame['model'][0]})")
     if plot and "wer" in results.columns:
         from kvsim.plots import save_chart
 
