@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from kvsim.cluster import RAY_MISSING, connect  # noqa: F401  (re-exported)
 from kvsim.live.data import LiveInput
 from kvsim.live.decode import LiveRun
 from kvsim.live.models import LiveModel
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from kvsim.rundir import RunDir
 
 #: The one-line error when Ray is not installed (the same as ``kvsim replay --ray``'s).
-RAY_MISSING = "--ray needs Ray: pip install 'kvsim[ray]'"
 
 
 @dataclass(frozen=True)
@@ -60,29 +60,6 @@ class InputOutcome:
     logs: list[tuple[str, LiveRun]] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)  #: the log lines, in order
     error: str | None = None
-
-
-def connect(address: str) -> Any:
-    """The ``ray`` module, initialised once per process: ``local`` starts a local Ray,
-    ``auto`` joins the cluster ``ray start`` made, anything else is a cluster address.
-
-    Raises
-    ------
-    ValueError
-        One line: Ray is not installed, or the cluster cannot be reached.
-    """
-    try:
-        import ray
-    except ImportError:
-        raise ValueError(RAY_MISSING) from None
-    if not ray.is_initialized():
-        try:
-            ray.init(address=None if address == "local" else address, include_dashboard=False,
-                     log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ValueError(f"--ray {address}: {first}") from None
-    return ray
 
 
 def check_model(name: str) -> None:

@@ -180,15 +180,13 @@ def _replay_into(run, todo: list[Path], specs: list, cfg: object, jobs: int, ray
 def _run_on_ray(address: str, paths: list[Path], specs: list, cfg: object):
     """One Ray task per trace on an existing cluster (or a local Ray with 'local'); yields
     (path, results, errors) as each task finishes."""
-    try:
-        import ray
-    except ImportError:
-        fail("--ray needs Ray: pip install 'kvsim[ray]'")
+    from kvsim.cluster import connect
     from kvsim.rundir import input_error
 
-    if not ray.is_initialized():
-        ray.init(address=None if address == "local" else address, include_dashboard=False,
-                 log_to_driver=False)
+    try:
+        ray = connect(address)
+    except ValueError as exc:
+        fail(exc)
     task = ray.remote(_replay_one)
     pending = {task.remote(str(p), specs, cfg): p for p in paths}
     while pending:
