@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from kvsim.cluster import RAY_MISSING, connect  # noqa: F401  (re-exported)
+from kvsim.cluster import connect
 from kvsim.live.data import LiveInput
 from kvsim.live.decode import LiveRun
 from kvsim.live.models import LiveModel

@@ -105,7 +105,8 @@ def _decoder(model: str, device: str, dtype: str, ray: str | None) -> Callable[.
         from kvsim.live.models import load_backbone
 
         return partial(run_live, load_backbone(model, device=device, dtype=dtype))
-    from kvsim.live.remote import ModelSpec, check_model, connect, run_live_on_ray
+    from kvsim.cluster import connect
+    from kvsim.live.remote import ModelSpec, check_model, run_live_on_ray
 
     check_model(model)
     connect(ray)
