@@ -234,7 +234,8 @@ TABLE_COLUMNS = (("setting", "setting (paper)"), ("params", "kvsim WnW"),
                  ("paper_wer", "paper WER %"), ("tidal", "tidal heads"), ("lam", "λ"),
                  ("attn_recall", "replay recall"), ("output_error", "replay out err"),
                  ("r_gpu", "replay r_GPU"), ("r_gpu_cpu", "replay r_GPU+CPU"),
-                 ("live_wer", "live WER %"), ("termination", "live terminated"))
+                 ("live_wer", "live WER %"), ("termination", "live terminated"),
+                 ("live_r_gpu", "live r_GPU"))
 
 
 def group_tables(data: pl.DataFrame, captions: dict[str, str]) -> list[tuple[str, pl.DataFrame]]:
