@@ -1,0 +1,82 @@
+"""The options ``kvsim study table3`` and ``table7`` share (WnW sweeps: replay + live)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+TracesArg = Annotated[list[Path] | None, typer.Argument(help="Traces to replay (default: the shipped traces/minivox-*.kvtrace)")]
+HeadsOption = Annotated[Path | None, typer.Option("--calibration", help="heads.json of the model (default: minivox/heads.json of the checkout)")]
+CalibTracesOption = Annotated[list[Path] | None, typer.Option("--calibration-traces", help="Traces (or folders) to fit WnW's λ on, per setting × r_GPU (WnW §3.4); without: per-input λ")]
+DatasetRootOption = Annotated[Path, typer.Option("--dataset-root", help="minivox corpus root (manifest.parquet); live inputs are its test_30_60 clips")]
+LimitOption = Annotated[int, typer.Option("--limit", help="Live inputs (clips, >= 1; --quick: 2)")]
+MaxNewOption = Annotated[int, typer.Option("--max-new-tokens", help="Live generation cap (>= 1); a run that reaches it did not terminate")]
+NoLiveOption = Annotated[bool, typer.Option("--no-live", help="Replay proxies only, no live decoding")]
+NoReplayOption = Annotated[bool, typer.Option("--no-replay", help="Live decoding only, no replay")]
+ModelOption = Annotated[str, typer.Option("--model", help="Live backbone (minivox; tiny = the random test backbone)")]
+DeviceOption = Annotated[str, typer.Option("--device", help="Live device (cpu, cuda)")]
+RayOption = Annotated[str | None, typer.Option("--ray", help="Decode the live grid as Ray tasks on this cluster ('local' for a local Ray)")]
+MaxStepsOption = Annotated[int | None, typer.Option("--max-steps", help="Replay only the first N >= 1 decode steps of each trace")]
+
+
+@dataclass
+class SweepArgs:
+    """The command line of a WnW sweep study, before checking."""
+
+    traces: list[Path] | None
+    heads: Path | None
+    calibration_traces: list[Path] | None
+    dataset_root: Path
+    limit: int
+    max_new_tokens: int
+    no_live: bool
+    no_replay: bool
+    model: str
+    device: str
+    ray: str | None
+    max_steps: int | None
+    quick: bool
+    out: Path
+
+
+def default_heads() -> Path:
+    """minivox's heads.json in the source checkout."""
+    import kvsim.specs
+
+    return Path(kvsim.specs.__file__).resolve().parent.parent / "minivox" / "heads.json"
+
+
+def sweep_options(args: SweepArgs):
+    """(SweepOptions, n_heads) from the command line; ValueError / FileNotFoundError on a bad
+    option (one line)."""
+    from kvsim.commands._options import check_positive_ints
+    from kvsim.specs import default_trace_dir
+    from kvsim.studies.live_grid import GridSpec
+    from kvsim.studies.wnw_sweep import SweepOptions
+    from kvsim.trace.heads import read_heads
+    from kvsim.trace.reader import Trace, find_traces
+
+    check_positive_ints(limit=args.limit, max_new_tokens=args.max_new_tokens, max_steps=args.max_steps)
+    if args.no_live and args.no_replay:
+        raise ValueError("--no-live and --no-replay together leave nothing to run")
+    traces = [] if args.no_replay else find_traces(
+        args.traces or sorted(default_trace_dir().glob("minivox-*.kvtrace")))
+    if not args.no_replay and not traces:
+        raise ValueError("no *.kvtrace to replay")
+    heads = args.heads or default_heads()
+    n_heads = read_heads(heads).voice_score.size if heads.exists() else None
+    if n_heads is None:
+        if args.heads is not None or not traces:
+            raise FileNotFoundError(f"{heads}: no such calibration file")
+        heads, lay = None, Trace(traces[0]).head_layout
+        n_heads = lay.n_layers * lay.n_kv_heads
+    calib = find_traces(args.calibration_traces) if args.calibration_traces else []
+    opts = SweepOptions(
+        traces=traces, heads=heads, calibration_traces=calib,
+        live_out=None if args.no_live else args.out / "live", dataset_root=args.dataset_root,
+        limit=min(args.limit, 2) if args.quick else args.limit, max_new_tokens=args.max_new_tokens,
+        grid=GridSpec(model=args.model, device=args.device, ray=args.ray), max_steps=args.max_steps)
+    return opts, n_heads

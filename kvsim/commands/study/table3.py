@@ -1,0 +1,65 @@
+"""``kvsim study table3``: WnW ablations A1–A3 (WnW §3.8, Table 3): n_voice, prefill selection and triage signal as replay proxies and live WER, beside the paper."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from kvsim.commands._errors import err, fail
+from kvsim.commands.study import OutOption, QuickOption, default_out, finish
+from kvsim.commands.study._wnw_sweep import (
+    CalibTracesOption,
+    DatasetRootOption,
+    DeviceOption,
+    HeadsOption,
+    LimitOption,
+    MaxNewOption,
+    MaxStepsOption,
+    ModelOption,
+    NoLiveOption,
+    NoReplayOption,
+    RayOption,
+    SweepArgs,
+    TracesArg,
+    sweep_options,
+)
+
+
+def table3(
+    traces: TracesArg = None,
+    calibration: HeadsOption = None,
+    calibration_traces: CalibTracesOption = None,
+    dataset_root: DatasetRootOption = Path("data/minivox"),
+    limit: LimitOption = 8,
+    max_new_tokens: MaxNewOption = 300,
+    no_live: NoLiveOption = False,
+    no_replay: NoReplayOption = False,
+    model: ModelOption = "minivox",
+    device: DeviceOption = "cpu",
+    ray: RayOption = None,
+    max_steps: MaxStepsOption = None,
+    quick: QuickOption = False,
+    out: OutOption = None,
+) -> None:
+    """WnW ablations A1–A3 (WnW §3.8, Table 3): n_voice, prefill selection and triage signal as replay proxies and live WER, beside the paper.
+
+    --quick: the first and last setting of each sweep, 2 live clips.
+    """
+    from kvsim.live.data import DataError
+    from kvsim.studies.table3 import table3_report
+    from kvsim.trace.schema import TraceError
+
+    t0 = time.perf_counter()
+    out = default_out("table3", out)
+    args = SweepArgs(traces, calibration, calibration_traces, dataset_root, limit, max_new_tokens,
+                     no_live, no_replay, model, device, ray, max_steps, quick, out)
+    try:
+        opts, n_heads = sweep_options(args)
+        report = table3_report(opts, n_heads, quick=quick,
+                                 log=lambda m: err.print(m, markup=False))
+    except (ValueError, KeyError, FileNotFoundError, TraceError, DataError) as exc:
+        fail(exc)
+    finish(report, out, t0)
+
+
+COMMAND = table3
