@@ -74,6 +74,7 @@ class Table5Info:
     sources: dict[str, str] = field(default_factory=dict)  #: input -> run folder(s) read
     decoded: list[str] = field(default_factory=list)  #: methods decoded by this study
     split: str = "test_30_60"
+    model: str = "minivox"
 
 
 def table5_plan(methods: Sequence[str], budgets: Sequence[float],
@@ -116,7 +117,7 @@ def _single_budget(results: pl.DataFrame, method: str) -> bool:
     return set(results.filter(pl.col("method") == method)["budget"].to_list()) == {1.0}
 
 
-def wer_table(results: pl.DataFrame, budgets: Sequence[float]) -> pl.DataFrame:
+def wer_table(results: pl.DataFrame, budgets: Sequence[float], model: str = "minivox") -> pl.DataFrame:
     """Methods × r: kvsim's truncated WER (%) beside the paper's test-clean rows, WnW's
     measured r_GPU and r_GPU+CPU (%) as the bottom rows (the paper's layout); cells are
     percentages to two places as the paper prints them (``table5.parquet`` has every digit)."""
@@ -138,7 +139,7 @@ def wer_table(results: pl.DataFrame, budgets: Sequence[float]) -> pl.DataFrame:
         rows.append([name, *[None if v is None else 100 * v for v in kv],
                      *PAPER_WNW_RETENTION[("Voxtral-mini-3b", "test-clean")][i],
                      *PAPER_WNW_RETENTION[("Qwen2.5-Omni-3B", "test-clean")][i]])
-    names = (["method"] + [f"minivox r={b:g}" for b in cols]
+    names = (["method"] + [f"{model} r={b:g}" for b in cols]
              + [f"Voxtral-mini-3b r={b:g} (paper)" for b in PAPER_BUDGETS]
              + [f"Qwen2.5-Omni-3B r={b:g} (paper)" for b in PAPER_BUDGETS])
     cells = [[row[0], *(None if v is None else f"{v:.2f}" for v in row[1:])] for row in rows]
@@ -188,7 +189,7 @@ def table5_report(runs: pl.DataFrame, budgets: Sequence[float], info: Table5Info
         name="table5", title=f"Live WER vs r_GPU on minivox {info.split} (WnW App. A, Table 5)",
         tables=[("Truncated WER (%, ratio 1.2): kvsim on minivox beside the paper's test-clean "
                  "rows; the bottom rows are WnW's measured r_GPU and r_GPU+CPU (%).",
-                 wer_table(results, budgets)),
+                 wer_table(results, budgets, info.model)),
                 ("Measured r_GPU / r_GPU+CPU (audio KV against the untransformed audio) and "
                  "termination rate, every method (kvsim on minivox).", retention_table(results, budgets))],
         data=results, chart=chart, notes=table5_notes(runs, info),
@@ -300,7 +301,7 @@ def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print)
             fresh = live_grid(items, todo, LiveConfig(max_new_tokens=cfg.max_new_tokens, head_scores=scores),
                               out / "live", cfg.grid, log=log)
             runs = fresh if runs is None else pl.concat([runs, fresh], how="diagonal_relaxed")
-    info = Table5Info(inputs=inputs, split=cfg.split, sources=sources,
+    info = Table5Info(inputs=inputs, split=cfg.split, sources=sources, model=cfg.grid.model,
                       lambdas={p.spec.budget: lambda_of(p) for p in plan if p.spec.name == "wnw"},
                       decoded=sorted({f"{p.spec.label}@{p.spec.budget:g}" for p in todo}))
     return table5_report(runs, cfg.budgets, info)

@@ -39,6 +39,7 @@ def table5(
     from kvsim.specs import parse_budgets
     from kvsim.studies.live_grid import GridSpec
     from kvsim.studies.table5 import DEFAULT_METHODS, QUICK, Table5Config, run_table5
+    from kvsim.trace.schema import TraceError
 
     t0 = time.perf_counter()
     folder = default_out("table5", out)
@@ -56,7 +57,7 @@ def table5(
                 if key != "methods" or not policy:
                     setattr(cfg, key, value)
         report = run_table5(cfg, folder, log=lambda m: err.print(m, markup=False, highlight=False))
-    except (ValueError, KeyError, FileNotFoundError) as exc:
+    except (ValueError, KeyError, FileNotFoundError, TraceError) as exc:
         fail(exc)
     finish(report, folder, t0)
 
