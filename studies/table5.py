@@ -75,6 +75,7 @@ class Table5Info:
     decoded: list[str] = field(default_factory=list)  #: methods decoded by this study
     split: str = "test_30_60"
     model: str = "minivox"
+    max_seconds: float | None = None  #: clips (and references) cropped to this length
 
 
 def table5_plan(methods: Sequence[str], budgets: Sequence[float],
@@ -85,13 +86,37 @@ def table5_plan(methods: Sequence[str], budgets: Sequence[float],
     return [*(make_plan(others, budgets) if others else []), *wnw]
 
 
-def uncovered(plan: Sequence[PlanItem], runs: pl.DataFrame | None, inputs: Sequence[str]) -> list[PlanItem]:
-    """The plan items that ``runs`` does not hold for every one of ``inputs``."""
-    if runs is None or runs.height == 0:
-        return list(plan)
-    have = {(r[0], r[1], r[2], float(r[3])) for r in runs.select("input", "transform", "label", "budget").iter_rows()}
-    return [p for p in plan
-            if any((i, p.transform, p.spec.label, float(p.spec.budget)) not in have for i in inputs)]
+def missing_groups(plan: Sequence[PlanItem], runs: pl.DataFrame | None,
+                   inputs: Sequence[str]) -> list[tuple[list[PlanItem], list[str]]]:
+    """What ``runs`` lacks: (plan items, the inputs lacking exactly those), inputs grouped by
+    what they lack, in input order; empty when ``runs`` holds the whole plan."""
+    have = set() if runs is None else {
+        (r[0], r[1], r[2], float(r[3])) for r in runs.select("input", "transform", "label", "budget").iter_rows()}
+    groups: dict[tuple, tuple[list[PlanItem], list[str]]] = {}
+    for i in inputs:
+        lack = [p for p in plan if (i, p.transform, p.spec.label, float(p.spec.budget)) not in have]
+        if lack:  # keyed by what is lacking (a spec's parameters are a dict: not hashable)
+            key = tuple((p.transform, p.spec.label, p.spec.budget) for p in lack)
+            groups.setdefault(key, (lack, []))[1].append(i)
+    return list(groups.values())
+
+
+def decode_missing(runs: pl.DataFrame | None, groups, items: Sequence, cfg: Table5Config, scores,
+                   out: Path, log: Callable[[str], None]) -> pl.DataFrame:
+    """Decode each group of :func:`missing_groups` with :func:`live_grid` (``out/live``, or
+    ``out/live-<n>`` for the n-th of several groups: each a run folder a later call reuses)
+    and add its runs to ``runs``."""
+    from kvsim.live.decode import LiveConfig
+    from kvsim.studies.live_grid import live_grid
+
+    live_cfg = LiveConfig(max_new_tokens=cfg.max_new_tokens, head_scores=scores)
+    by_id = {i.id: i for i in items}
+    for n, (plan, ids) in enumerate(groups, start=1):
+        folder = out / ("live" if len(groups) == 1 else f"live-{n}")
+        fresh = live_grid([by_id[i] for i in ids], plan, live_cfg, folder, cfg.grid, log=log,
+                          max_seconds=cfg.max_seconds)
+        runs = fresh if runs is None else pl.concat([runs, fresh], how="diagonal_relaxed")
+    return runs
 
 
 _LAM = re.compile(r"lam=[^,)]*,?")
@@ -207,8 +232,9 @@ def table5_notes(runs: pl.DataFrame, info: Table5Info) -> list[str]:
         lam_note = ("WnW's λ was fitted on each input itself (no calibration traces were given): "
                     "a per-input λ, not the paper's calibration-set λ, which keeps every clip's "
                     "prefill r_GPU at the target.")
-    notes = [f"{runs.height} live runs over {len(info.inputs)} minivox {info.split} clips "
-             f"({', '.join(info.inputs)}): greedy decoding with each policy inside the model; "
+    crop = f", each cropped to its first {info.max_seconds:g} s" if info.max_seconds else ""
+    notes = [f"{runs.height} live runs over {len(info.inputs)} {info.model} {info.split} clips "
+             f"({', '.join(info.inputs)}{crop}): greedy decoding with each policy inside the model; "
              "WER is the truncated WER of the set (errors over reference words, WnW §3.5), "
              "in percent as the paper prints it. The paper's columns are LibriSpeech-Long "
              "test-clean on 3B backbones; minivox is a 135M-parameter decoder on synthetic "
@@ -236,6 +262,7 @@ class Table5Config:
     methods: tuple[str, ...] = DEFAULT_METHODS
     budgets: tuple[float, ...] = DEFAULT_BUDGETS
     max_new_tokens: int = 300
+    max_seconds: float | None = None  #: crop each clip (and its reference) to this length
     heads: Path | None = Path("minivox/heads.json")
     calibration_traces: tuple[Path, ...] = ()
     live_runs: tuple[Path, ...] = ()
@@ -243,8 +270,8 @@ class Table5Config:
     grid: GridSpec = field(default_factory=GridSpec)
 
 
-#: --quick: one clip, four methods, two budgets.
-QUICK = dict(limit=1, methods=("full", "wnw", "snapkv", "audiokv"), budgets=(0.2, 0.6))
+#: --quick: the first 10 s of one clip, three methods at r = 0.2, at most 60 tokens.
+QUICK = dict(limit=1, methods=("full", "wnw", "snapkv"), budgets=(0.2,), max_seconds=10.0, max_new_tokens=60)
 
 
 def select_inputs(cfg: Table5Config) -> list:
@@ -271,8 +298,6 @@ def build_plan(cfg: Table5Config, scores) -> list[PlanItem]:
 def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print) -> StudyReport:
     """Decode (or read from ``cfg.live_runs``) the grid and build the report; decoded runs go
     to ``out / "live"`` (a ``kvsim live`` run folder, reused by a later call)."""
-    from kvsim.live.decode import LiveConfig
-    from kvsim.studies.live_grid import live_grid
     from kvsim.studies.live_runs import combine
     from kvsim.studies.wnw_lambda import lambda_of
     from kvsim.trace.heads import read_heads
@@ -281,27 +306,21 @@ def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print)
     plan = build_plan(cfg, scores)
     runs, sources = None, {}
     if cfg.live_runs:
-        expected = {"model": cfg.grid.model, "max_new_tokens": cfg.max_new_tokens}
+        expected = {"model": cfg.grid.model, "max_new_tokens": cfg.max_new_tokens, "max_seconds": cfg.max_seconds}
         runs, sources = combine(cfg.live_runs, expected)
     if cfg.runs_only:
         if runs is None:
             raise ValueError("--runs-only needs --live-runs")
-        inputs, todo = runs["input"].unique(maintain_order=True).to_list(), []
+        inputs, groups = runs["input"].unique(maintain_order=True).to_list(), []
     else:
         items = select_inputs(cfg)
         inputs = [i.id for i in items]
         if runs is not None:
             runs = runs.filter(pl.col("input").is_in(inputs))
-        todo = uncovered(plan, runs, inputs)
-        if todo:
-            if runs is not None:  # decoded again for every input: the folders' rows would count twice
-                keys = pl.DataFrame([(p.transform, p.spec.label, float(p.spec.budget)) for p in todo],
-                                    schema=["transform", "label", "budget"], orient="row")
-                runs = runs.join(keys, on=["transform", "label", "budget"], how="anti")
-            fresh = live_grid(items, todo, LiveConfig(max_new_tokens=cfg.max_new_tokens, head_scores=scores),
-                              out / "live", cfg.grid, log=log)
-            runs = fresh if runs is None else pl.concat([runs, fresh], how="diagonal_relaxed")
+        groups = missing_groups(plan, runs, inputs)
+        runs = decode_missing(runs, groups, items, cfg, scores, out, log)
     info = Table5Info(inputs=inputs, split=cfg.split, sources=sources, model=cfg.grid.model,
+                      max_seconds=cfg.max_seconds,
                       lambdas={p.spec.budget: lambda_of(p) for p in plan if p.spec.name == "wnw"},
-                      decoded=sorted({f"{p.spec.label}@{p.spec.budget:g}" for p in todo}))
+                      decoded=sorted({f"{p.spec.label}@{p.spec.budget:g}" for g, _ in groups for p in g}))
     return table5_report(runs, cfg.budgets, info)

@@ -116,3 +116,19 @@ def test_bad_inputs_are_one_line(tmp_path):
     assert res.exit_code == 2 and "not a kvsim run folder" in res.output
     res = CliRunner().invoke(app, ["study", "table5", "--runs-only", "--model", "tiny", "-o", str(tmp_path / "o")])
     assert res.exit_code == 2 and "--runs-only needs --live-runs" in res.output
+
+
+def test_missing_runs_are_grouped_by_input():
+    """A folder still being filled: clip b lacks more than clip a; each is decoded only for
+    what it lacks."""
+    from kvsim.live.run import make_plan
+    from kvsim.studies.table5 import missing_groups
+
+    plan = make_plan(["full", "snapkv"], [0.2])
+    runs = pl.DataFrame({"input": ["a", "a"], "transform": ["none"] * 2, "label": ["full", "snapkv"],
+                         "budget": [1.0, 0.2]})
+    assert missing_groups(plan, runs, ["a"]) == []
+    groups = missing_groups(plan, runs.head(1), ["a", "b", "c"])
+    assert [([p.spec.label for p in g], ids) for g, ids in groups] == [
+        (["snapkv"], ["a"]), (["full", "snapkv"], ["b", "c"])]
+    assert missing_groups(plan, None, ["a"])[0][1] == ["a"]
