@@ -15,8 +15,9 @@ class LiveRunsError(ValueError):
     """A run folder cannot be used (one line naming the folder or file and the field)."""
 
 
-def read_live_runs(folder: Path) -> pl.DataFrame:
-    """Every completed run of the ``kvsim live`` folder ``folder``, one row per input × method.
+def read_live_runs(folder: Path) -> pl.DataFrame | None:
+    """Every completed run of the ``kvsim live`` folder ``folder``, one row per input × method
+    (None while no input has finished).
 
     A finished run is read from ``runs.parquet``; a run still going (or interrupted) from the
     part file of each input its ``run.json`` lists as completed, so a half-written part is
@@ -38,7 +39,7 @@ def read_live_runs(folder: Path) -> pl.DataFrame:
     if missing:
         raise LiveRunsError(f"{missing[0]}: part listed in {folder / MANIFEST} is missing")
     if not parts:
-        raise LiveRunsError(f"{folder / MANIFEST}: field 'completed' lists no finished input yet")
+        return None
     return pl.concat([pl.read_parquet(p, glob=False) for p in parts], how="diagonal_relaxed")
 
 
@@ -57,14 +58,18 @@ def check_options(folder: Path, expected: dict[str, Any]) -> None:
 RUN_KEY = ("input", "transform", "label", "budget")
 
 
-def combine(folders: Sequence[Path], expected: dict[str, Any]) -> tuple[pl.DataFrame, dict[str, str]]:
-    """The rows of every folder (checked against ``expected``) and, per input, the folders it
-    came from; a run (input, transform, policy label, budget) found in two folders is an error
-    (it would count twice)."""
+def combine(folders: Sequence[Path], expected: dict[str, Any]) -> tuple[pl.DataFrame | None, dict[str, str]]:
+    """The rows of every folder (checked against ``expected``; None when no folder has a
+    finished input yet) and, per input, the folders it came from; a run (input, transform,
+    policy label, budget) found in two folders is an error (it would count twice)."""
     frames, source = [], {}
     for folder in folders:
         check_options(folder, expected)
-        frames.append(read_live_runs(folder).with_columns(pl.lit(str(folder)).alias("run_folder")))
+        frame = read_live_runs(folder)
+        if frame is not None:
+            frames.append(frame.with_columns(pl.lit(str(folder)).alias("run_folder")))
+    if not frames:
+        return None, source
     runs = pl.concat(frames, how="diagonal_relaxed")
     dup = runs.filter(runs.select(RUN_KEY).is_duplicated())
     if dup.height:

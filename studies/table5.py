@@ -310,7 +310,8 @@ def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print)
         runs, sources = combine(cfg.live_runs, expected)
     if cfg.runs_only:
         if runs is None:
-            raise ValueError("--runs-only needs --live-runs")
+            raise ValueError("--runs-only needs --live-runs folders with finished runs"
+                             + (f" ({', '.join(map(str, cfg.live_runs))} have none yet)" if cfg.live_runs else ""))
         inputs, groups = runs["input"].unique(maintain_order=True).to_list(), []
     else:
         items = select_inputs(cfg)

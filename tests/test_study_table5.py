@@ -132,3 +132,25 @@ def test_missing_runs_are_grouped_by_input():
     assert [([p.spec.label for p in g], ids) for g, ids in groups] == [
         (["snapkv"], ["a"]), (["full", "snapkv"], ["b", "c"])]
     assert missing_groups(plan, None, ["a"])[0][1] == ["a"]
+
+
+def test_a_run_still_going_is_read_from_its_finished_parts(live_folder, tmp_path):
+    import json
+    import shutil
+
+    from kvsim.studies.live_runs import read_live_runs
+
+    tmp, *_ = live_folder
+    going = tmp_path / "going"
+    shutil.copytree(tmp / "runs", going)
+    manifest = json.loads((going / "run.json").read_text())
+    first = manifest["inputs"][0]
+    manifest.update(status="running", completed={first: manifest["completed"][first]})
+    (going / "run.json").write_text(json.dumps(manifest))
+    (going / "runs.parquet").unlink()
+    got = read_live_runs(going)  # the part of the one finished clip, not runs.parquet
+    want = pl.read_parquet(going / manifest["completed"][first]["part"])
+    assert set(got["input"]) == {first} and got.height == want.height
+    res = CliRunner().invoke(app, ["study", "table5", "--live-runs", str(going), "--runs-only", "--model", "tiny",
+                                   "--max-new-tokens", "7", "-o", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "config field 'max_new_tokens' is 6" in res.output
