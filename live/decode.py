@@ -285,6 +285,7 @@ def _summary(session: LiveSession, log: pl.DataFrame, ctx: PolicyContext, spec: 
         "h2d_mb_per_step": float(log["h2d_bytes"].mean() / 1e6) if log.height else 0.0,
         "transfers_per_step": float(log["h2d_transfers"].mean()) if log.height else 0.0,
         "ms_per_token": float(np.mean(step_ms)) if step_ms else float("nan"),
+        "ms_per_token_median": float(np.median(step_ms)) if step_ms else float("nan"),
         "prefill_s": prefill_s,
         "policy_seconds": session.policy_seconds,
     }
