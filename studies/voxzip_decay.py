@@ -118,23 +118,29 @@ def _live_summary(live: pl.DataFrame) -> pl.DataFrame:
 
 
 def sweep_table(replay: pl.DataFrame, live: pl.DataFrame | None) -> pl.DataFrame:
-    """One row per budget × γ: replay metrics (mean over traces), live WER and termination,
-    and the paper's PM accuracy where it quotes one; the full cache first when live ran."""
-    rows = (replay.group_by("budget", "gamma").agg(pl.len().alias("traces"),
-                                                   *[pl.col(m).mean() for m in REPLAY_METRICS])
-            .with_columns(pl.lit("voxzip").alias("policy")))
-    if live is not None:
-        summary = _live_summary(live)
-        rows = rows.join(summary.drop("policy"), on=["budget", "gamma"], how="full", coalesce=True)
-        full = summary.filter(pl.col("policy") == "full")
-        rows = pl.concat([full, rows.with_columns(pl.col("policy").fill_null("voxzip"))], how="diagonal_relaxed")
-    paper = pl.col("gamma").replace_strict(PAPER_TABLE5_PM_ACCURACY, default=None, return_dtype=pl.Float64)
-    rows = rows.with_columns(pl.when(pl.col("budget") == PAPER_BUDGET).then(paper).alias(PAPER_COLUMN))
-    rows = rows.sort(pl.col("policy") != "full", "budget", "gamma")
+    """One row per budget × γ: replay metrics (mean over traces) and their change against
+    γ = 1.0, live WER and termination, and the paper's PM accuracy where it quotes one; the
+    full cache first when live ran."""
     names = {"budget": "r", "gamma": "γ", "r_gpu": "replay r_GPU", "attn_recall": "replay attn recall",
              "output_error": "replay output error", "topk_jaccard": "replay top-K Jaccard"}
-    return rows.rename({k: v for k, v in names.items() if k in rows.columns}).select(
-        "policy", "r", "γ", pl.exclude("policy", "r", "γ"))
+    rows = (replay.group_by("budget", "gamma").agg(pl.len().alias("replay traces"),
+                                                   *[pl.col(m).mean() for m in REPLAY_METRICS])
+            .with_columns(pl.lit("voxzip").alias("policy")))
+    no_decay = rows.filter(pl.col("gamma") == 1.0).select("budget", pl.col("attn_recall").alias("_r1"))
+    rows = rows.join(no_decay, on="budget", how="left").with_columns(
+        (pl.col("attn_recall") - pl.col("_r1")).alias("replay recall − γ=1.0")).drop("_r1")
+    if live is not None:
+        summary = _live_summary(live)
+        sweep = summary.filter(pl.col("policy") == "voxzip").drop("policy")
+        rows = rows.join(sweep, on=["budget", "gamma"], how="full", coalesce=True)
+        rows = pl.concat([summary.filter(pl.col("policy") == "full"),
+                          rows.with_columns(pl.lit("voxzip").alias("policy"))], how="diagonal_relaxed")
+    paper = pl.col("gamma").replace_strict(PAPER_TABLE5_PM_ACCURACY, default=None, return_dtype=pl.Float64)
+    rows = rows.with_columns(pl.when(pl.col("budget") == PAPER_BUDGET).then(paper).alias(PAPER_COLUMN))
+    rows = rows.sort(pl.col("policy") != "full", "budget", "gamma").rename(names, strict=False)
+    live_cols = [c for c in ("live WER", "live terminated", "live r_GPU", "live clips") if c in rows.columns]
+    return rows.select("policy", "r", "γ", "replay traces", *[names[m] for m in REPLAY_METRICS],
+                       "replay recall − γ=1.0", *live_cols, PAPER_COLUMN)
 
 
 def decay_chart(table: pl.DataFrame):
@@ -160,9 +166,12 @@ def decay_chart(table: pl.DataFrame):
     return alt.hconcat(*panels).properties(title="VoxZip temporal decay: the γ sweep")
 
 
-def decay_report(replay: pl.DataFrame, live: pl.DataFrame | None, n_traces: int) -> StudyReport:
-    """The study's report from the replay frame and the live runs (None with --no-live)."""
+def decay_report(replay: pl.DataFrame, live: pl.DataFrame | None, windows: dict[str, int]) -> StudyReport:
+    """The study's report from the replay frame, the live runs (None with --no-live) and each
+    replayed trace's observation-window length (queries the prefill score sees)."""
     table = sweep_table(replay, live)
+    n_traces = len(windows)
+    window_text = ", ".join(f"{w} on {name}" for name, w in windows.items())
     notes = [
         f"kvsim `voxzip` (VoxZip stage 2: sinks T = 4, a recent window of 20% of the budget, top-N by "
         f"the decayed score) with its `gamma` swept, on {n_traces} trace(s) in replay (means over "
@@ -172,8 +181,10 @@ def decay_report(replay: pl.DataFrame, live: pl.DataFrame | None, n_traces: int)
         "--max-new-tokens.",
         "Under kvsim's audio-only scope (WnW §3.3) the audio span does not grow while decoding, so "
         "VoxZip's decode-time eviction never evicts more audio: γ acts through the prefill score, "
-        "where it weights the observation window's queries (the latest most, γ^(W-1-w)). The paper "
-        "also decays over the generated tokens, which kvsim keeps in full.",
+        "where it weights the observation window's queries (the latest most, γ^(W-1-w); "
+        f"W = {window_text}). The paper also decays over the generated tokens, which kvsim keeps "
+        "in full. 'replay recall − γ=1.0' is the change in attention recall that decay buys at "
+        "the same budget.",
         f"The last column is VoxZip's own Table 5 on a different model, task and metric "
         f"(Qwen3-Omni-Instruct-30B answering Vox-Infinity questions, accuracy % on the Personal "
         f"Monologues subset, at its {PAPER_BUDGET:.0%} budget); only the two values its text quotes "

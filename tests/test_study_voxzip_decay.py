@@ -93,6 +93,10 @@ def test_study_end_to_end_replay_and_tiny_live(tmp_path: Path) -> None:
                                               "voxzip(gamma=1.0)", "voxzip(gamma=1.0)"]
     assert live["wer"].is_not_null().all() and (out / "live" / "runs.parquet").exists()
     md = (out / "voxzip-decay.md").read_text()
+    rows = [line.split(" | ") for line in md.splitlines() if line.startswith(("| full |", "| voxzip |"))]
+    assert [r[0] for r in rows] == ["| full"] + ["| voxzip"] * 4  # full cache once, then budget × γ
+    assert [r[1] for r in rows] == ["1.000", "0.050", "0.050", "0.300", "0.300"]
+    assert [r[2] for r in rows] == ["–", "0.950", "1.000", "0.950", "1.000"]
     assert PAPER_COLUMN.split(" (")[0] in md
     assert f"{PAPER_TABLE5_PM_ACCURACY[0.95]:.3f}" in md and f"{PAPER_TABLE5_PM_ACCURACY[1.0]:.3f}" in md
 

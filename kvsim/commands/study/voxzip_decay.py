@@ -59,8 +59,9 @@ def voxzip_decay(
     except (ValueError, DataError, FileNotFoundError) as exc:
         fail(exc)
     opened = open_traces(traces, default)
+    opened = opened[:1] if quick else opened
     try:
-        replay, _ = replay_sweep(opened[:1] if quick else opened, gammas, budgets)
+        replay, _ = replay_sweep(opened, gammas, budgets)
     except (TraceError, ValueError) as exc:
         fail(exc)
     runs = None
@@ -71,7 +72,8 @@ def voxzip_decay(
                               log=lambda line: err.print(line, markup=False))
         except (ValueError, DataError, FileNotFoundError) as exc:
             fail(exc, code=1)
-    finish(decay_report(replay, runs, min(len(opened), 1) if quick else len(opened)), out, t0)
+    windows = {t.name: len(t.window_positions) for t in opened}
+    finish(decay_report(replay, runs, windows), out, t0)
 
 
 def _gammas(text: str) -> list[float]:
