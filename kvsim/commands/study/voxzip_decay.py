@@ -31,29 +31,18 @@ def voxzip_decay(
 
     --quick: 2 γ values (0.95, 1.0), the first trace, and live 2 clips at the first budget only (the paper's 5% by default).
     """
-    from kvsim.commands._errors import err, fail
+    from kvsim.commands._errors import fail
     from kvsim.commands._options import check_positive_ints
     from kvsim.commands.study._traces import open_traces
     from kvsim.live.data import DataError, load_dataset
-    from kvsim.specs import parse_budgets
-    from kvsim.studies.voxzip_decay import (
-        PAPER_GAMMAS,
-        QUICK_GAMMAS,
-        LiveSweep,
-        decay_report,
-        decay_specs,
-        live_sweep,
-        replay_sweep,
-    )
+    from kvsim.studies.voxzip_decay import LiveSweep, decay_report, replay_sweep
     from kvsim.trace.schema import TraceError
 
     t0 = time.perf_counter()
     out = default_out("voxzip-decay", out)
     try:
         check_positive_ints(limit=limit, max_new_tokens=max_new_tokens)
-        gammas = _gammas(gamma) if gamma else list(QUICK_GAMMAS if quick else PAPER_GAMMAS)
-        budgets = parse_budgets(budget)
-        decay_specs(gammas, budgets)  # a bad γ is one line before any work
+        gammas, budgets = _grid(gamma, budget, quick)
         items = load_dataset("manifest", dataset_root, split=split, limit=2 if quick else limit) if live else []
         default = [] if traces else _default_traces()
     except (ValueError, DataError, FileNotFoundError) as exc:
@@ -64,16 +53,33 @@ def voxzip_decay(
         replay, _ = replay_sweep(opened, gammas, budgets)
     except (TraceError, ValueError) as exc:
         fail(exc)
-    runs = None
-    if live:
-        sweep = LiveSweep(items, live_out or out / "live", max_new_tokens, model, device, ray)
-        try:
-            runs = live_sweep(sweep, gammas, budgets[:1] if quick else budgets,
-                              log=lambda line: err.print(line, markup=False))
-        except (ValueError, DataError, FileNotFoundError) as exc:
-            fail(exc, code=1)
+    sweep = LiveSweep(items, live_out or out / "live", max_new_tokens, model, device, ray)
+    runs = _live(sweep, gammas, budgets[:1] if quick else budgets) if live else None
     windows = {t.name: len(t.window_positions) for t in opened}
     finish(decay_report(replay, runs, windows), out, t0)
+
+
+def _grid(gamma: str | None, budget: str, quick: bool) -> tuple[list[float], list[float]]:
+    """γ values and budgets from the options, checked (ValueError naming the bad one)."""
+    from kvsim.specs import parse_budgets
+    from kvsim.studies.voxzip_decay import PAPER_GAMMAS, QUICK_GAMMAS, decay_specs
+
+    gammas = _gammas(gamma) if gamma else list(QUICK_GAMMAS if quick else PAPER_GAMMAS)
+    budgets = parse_budgets(budget)
+    decay_specs(gammas, budgets)  # a γ out of range fails here, before any work
+    return gammas, budgets
+
+
+def _live(sweep, gammas: list[float], budgets: list[float]):
+    """The live part; a failure that leaves no completed run is one line (exit 1)."""
+    from kvsim.commands._errors import err, fail
+    from kvsim.live.data import DataError
+    from kvsim.studies.voxzip_decay import live_sweep
+
+    try:
+        return live_sweep(sweep, gammas, budgets, log=lambda line: err.print(line, markup=False))
+    except (ValueError, DataError, FileNotFoundError) as exc:
+        fail(exc, code=1)
 
 
 def _gammas(text: str) -> list[float]:
