@@ -106,3 +106,16 @@ def test_quick_takes_the_first_trace_and_bad_input_is_one_line(tmp_path: Path) -
     (b / "meta.json").write_text("{")
     res = CliRunner().invoke(app, ["study", "fig1", str(a), str(b), "-o", str(out)])
     assert res.exit_code == 2 and "b.kvtrace" in res.output and "meta.json" in res.output
+
+
+def test_paper_constants_are_the_papers() -> None:
+    from kvsim.studies.fig1 import (
+        HEAD_K,
+        PAPER_N_HEADS,
+        PAPER_N_SAMPLES,
+        PAPER_RANDOM_JACCARD_TOP100,
+    )
+
+    # WnW §2.1: "random baseline ≈ K/T_a (0.013 at K=100)"; "per-head Jaccard (K=100) ... across
+    # the 240 heads"; Fig. 1: "averaged across 50 samples"
+    assert (PAPER_RANDOM_JACCARD_TOP100, HEAD_K, PAPER_N_HEADS, PAPER_N_SAMPLES) == (0.013, 100, 240, 50)
