@@ -105,16 +105,21 @@ def speech_onset(trace: Trace) -> int | None:
     return int(np.searchsorted(starts, t0 - 1e-9))
 
 
-def mismatch(trace: Trace) -> MismatchStats:
-    """Compute the §2.1 statistics of one trace."""
-    pre_h, dec_h = head_distributions(trace)
+def head_jaccard(pre_h: np.ndarray, dec_h: np.ndarray, k: int = 100) -> np.ndarray:
+    """Per-KV-head top-``k`` Jaccard of the prefill and decode-cumulative distributions
+    (each (L, H_kv, T_a), from :func:`head_distributions`); returns (L, H_kv)."""
+    return np.array([[_jaccard(pre_h[layer, kv], dec_h[layer, kv], k) for kv in range(pre_h.shape[1])]
+                     for layer in range(pre_h.shape[0])])
+
+
+def mismatch(trace: Trace, distributions: tuple[np.ndarray, np.ndarray] | None = None) -> MismatchStats:
+    """Compute the §2.1 statistics of one trace (``distributions``: its
+    :func:`head_distributions`, when the caller has them already)."""
+    pre_h, dec_h = distributions if distributions is not None else head_distributions(trace)
     pre = pre_h.mean((0, 1))
     dec = dec_h.mean((0, 1))
     n = len(pre)
-    per_head = np.array([
-        _jaccard(pre_h[layer, kv], dec_h[layer, kv], 100)
-        for layer in range(pre_h.shape[0]) for kv in range(pre_h.shape[1])
-    ])
+    per_head = head_jaccard(pre_h, dec_h, 100).ravel()
     onset = speech_onset(trace)
     nan = float("nan")
     return MismatchStats(
