@@ -171,6 +171,21 @@ def test_voxzip_layer_scoring_shares_one_vector_per_layer() -> None:
     assert not (head[:, 0] == head[:, 1]).all()  # the per-KV-head default differs
 
 
+# ----------------------------------------------------------------------------- AffPool
+def test_affpool_layers_defaults_are_wnw_appendix_f() -> None:
+    """WnW App. F: "Deep pooling with window size 3 is applied to the first 27 layers of
+    Voxtral-mini-3b, and input pooling with window size 1 is applied to the last 3 layers"."""
+    import inspect
+
+    from kvsim.tracer.transforms.affpool import affpool
+    from kvsim.tracer.transforms.affpool_layers import UNPOOLED_LAST_LAYERS, LayerPoolConfig
+
+    cfg = LayerPoolConfig(threshold=0.9)
+    assert cfg.window == 3 and UNPOOLED_LAST_LAYERS == 3
+    assert cfg.pool_layers(30) == 27  # Voxtral-mini-3b's 30 decoder layers
+    assert inspect.signature(affpool).parameters["window"].default == 3  # input variant too
+
+
 # ----------------------------------------------------------------------------- baselines
 def test_adakv_defaults_are_wnw_appendix_f() -> None:
     d = _defaults("adakv")
