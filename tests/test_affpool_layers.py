@@ -141,3 +141,29 @@ def test_parse_errors():
         parse_transforms("affpool_layers")
     with pytest.raises(ValueError, match="window"):
         LayerPoolConfig(0.5, window=1)
+
+
+@pytest.mark.parametrize("family", ["voxtral", "qwen-omni"])
+def test_real_backbone_text_decoder_is_pooled(family, tmp_path_factory):
+    """On tiny Voxtral and Qwen2.5-Omni checkpoints (audio encoder + text decoder): the hooks
+    find the text decoder, not the audio encoder; the layer after the pooling layer holds fewer
+    audio KV entries; τ above every affinity decodes exactly as plain generation."""
+    from kvsim.live.models import load_backbone
+    from kvsim.tracer.audio import load_audio
+    from tests.fixtures.checkpoints import tiny_checkpoint, write_tone
+
+    ckpt = tiny_checkpoint(family, tmp_path_factory.getbasetemp())
+    wav = write_tone(tmp_path_factory.mktemp("ap") / "clip.wav", 4.0)
+    lm = load_backbone(str(ckpt))
+    prompt = lm.prepare(load_audio(wav, lm.sample_rate).samples)
+    n_layers = lm.layout.n_layers
+    assert decoder_layers(lm.model, n_layers)[0].self_attn.config is not None
+    cache = DynamicCache(config=lm.model.config)
+    with torch.no_grad():
+        _prefill_forward(lm, _pooled(lm, prompt, -2.0, n_pool=1), cache)
+    lengths = [cache.layers[i].keys.shape[-2] for i in range(n_layers)]
+    assert lengths[0] == prompt.n_prompt
+    n_text = prompt.n_prompt - prompt.n_audio
+    assert lengths[1:] == [n_text + math.ceil(prompt.n_audio / 3)] * (n_layers - 1)
+    run = live_generate(lm, _pooled(lm, prompt, 1.5), PolicySpec("full", 1.0), LiveConfig(6))
+    assert run.tokens == plain_generate(lm, prompt, 6)

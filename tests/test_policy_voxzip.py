@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvsim.policies.base import Tier
 from kvsim.policies.registry import make
@@ -151,3 +156,29 @@ def test_generation_scope_is_the_default() -> None:
     assert make("voxzip", 0.2).scope == "generation"
     with pytest.raises(ValueError, match="scope must be one of"):
         make("voxzip", 0.2, scope="all")
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(preset=st.sampled_from(["tiny", "small"]), seconds=st.floats(6.0, 16.0),
+       steps=st.integers(1, 30), seed=st.integers(0, 10_000), budget=st.floats(0.02, 1.0),
+       scoring=st.sampled_from(["head", "layer"]))
+def test_generation_scope_budget_invariants_on_random_traces(preset, seconds, steps, seed,
+                                                             budget, scoring) -> None:
+    """Whatever the trace and budget: per (layer, KV-head) the audio on GPU after step s is
+    exactly max(b − (s+1), min(T, b)), only resident tokens stay, sinks are never evicted,
+    and the engine's capacity check held (it raises otherwise)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data = synthesize(SynthConfig(preset=preset, audio_seconds=seconds, decode_steps=steps,
+                                      seed=seed, store_values=False))
+        trace = Trace(write_trace(Path(tmp) / "t.kvtrace", data))
+        (run,) = replay_trace(trace, [PolicySpec("voxzip", budget, {"scoring": scoring})],
+                              ReplayConfig(record_tiers=True))
+        n_audio = len(trace.audio_positions)
+    b = int(np.floor(budget * n_audio + 1e-9))
+    sink = min(4, b)
+    hist = np.stack(run.tiers)
+    per_head = (hist == Tier.GPU).sum(-1)  # (steps + 1, L, H)
+    want = np.r_[b, np.maximum(b - (np.arange(len(hist) - 1) + 1), sink)]
+    assert (per_head == want[:, None, None]).all()
+    assert not ((hist[:-1] != Tier.GPU) & (hist[1:] == Tier.GPU)).any()
+    assert (hist[..., :sink] == Tier.GPU).all()
