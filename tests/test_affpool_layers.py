@@ -136,7 +136,11 @@ def test_threshold_set_on_a_held_out_subset_meets_the_target(tiny):
         calibrate_layer_threshold(lm, held_out, 0.05, cfg, iters=2)
 
 
-def test_parse_errors():
+def test_plan_and_parse_errors():
+    from kvsim.live.run import make_plan
+
+    (item,) = make_plan(["affpool_layers:0.93/full"], [0.2])
+    assert item.transform == "affpool_layers:0.93" and item.spec.name == "full"
     with pytest.raises(ValueError, match="affpool_layers:TAU"):
         parse_transforms("affpool_layers")
     with pytest.raises(ValueError, match="window"):
