@@ -229,8 +229,8 @@ class VoxZip(Policy):
         if self.scope == "generation":
             self._keep = generation_scope_keep(self.scores_, self._keep, self._budget,
                                                n_generated, self.n_sink, self.recent_fraction)
-            sink = min(self.n_sink, self._budget)
-            self._capacity = max(self._budget - n_generated, sink) * self._keep.shape[0] * self._keep.shape[1]
+            n_heads = self._keep.shape[0] * self._keep.shape[1]
+            self._capacity = max(self._budget - n_generated, min(self.n_sink, self._budget)) * n_heads
         else:
             self._keep = sink_recent_topn(self.scores_, self._budget, self.n_sink,
                                           self.recent_fraction, allowed=self._keep)
