@@ -98,6 +98,24 @@ def plain_generate(lm: LiveModel, prompt: LivePrompt, max_new_tokens: int) -> li
     return seq
 
 
+def _prefill_forward(lm: LiveModel, prompt: LivePrompt, cache: Any) -> tuple[Any, float]:
+    """The prefill forward of ``prompt`` into ``cache``; returns the output and the audio KV
+    retention left by an in-layer AffPool (``prompt.layer_pool``, WnW App. F; 1.0 without)."""
+    if prompt.layer_pool is None:
+        out = lm.model(**prompt.prefill_inputs(), **_cache_kw(lm.model, cache), use_cache=True,
+                       logits_to_keep=1)
+        return out, 1.0
+    from kvsim.tracer.transforms.affpool_layers import LayerAffPool, decoder_layers, pooling_hooks
+
+    n_layers = lm.layout.n_layers
+    pool = LayerAffPool(prompt.layer_pool, n_layers, prompt.audio_positions)
+    with pooling_hooks(decoder_layers(lm.model, n_layers), pool):
+        out = lm.model(**prompt.prefill_inputs(), **_cache_kw(lm.model, cache), use_cache=True,
+                       logits_to_keep=1)
+    pool.shrink_cache(cache)
+    return out, pool.retention
+
+
 @dataclass
 class Prefilled:
     """The full-attention prefill of one prompt, shared by every policy run on it (the prefill
@@ -108,6 +126,7 @@ class Prefilled:
     queries: list[np.ndarray]
     keys: list[np.ndarray]
     seconds: float
+    kv_retention: float = 1.0  #: audio KV left by an in-layer AffPool (1.0 without)
 
 
 @torch.no_grad()
@@ -126,12 +145,13 @@ def prefill_once(lm: LiveModel, prompt: LivePrompt, window: int = OBSERVATION_WI
     token = ACTIVE.set(session)
     try:
         t0 = time.perf_counter()
-        out = lm.model(**prompt.prefill_inputs(), **_cache_kw(lm.model, cache), use_cache=True, logits_to_keep=1)
+        out, kv_retention = _prefill_forward(lm, prompt, cache)
         _sync(lm.device)
         secs = time.perf_counter() - t0
     finally:
         ACTIVE.reset(token)
-    return Prefilled(cache, _argmax(out.logits), list(session._pq), list(session._pk), secs)
+    return Prefilled(cache, _argmax(out.logits), list(session._pq), list(session._pk), secs,
+                     kv_retention)
 
 
 def _open_session(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: LiveConfig,
@@ -179,6 +199,9 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
 
     if lm.text_config._attn_implementation != LIVE_ATTN:
         raise ValueError(f"{lm.name}: the text decoder does not use the {LIVE_ATTN!r} attention")
+    if prompt.layer_pool is not None and (spec.name != "full" or cfg.physical):
+        raise ValueError(f"{spec.label}: in-layer AffPool ({prompt.transform}) gives every layer "
+                         "its own audio KV length; it runs with policy full, masking path only")
     model, device = lm.model, lm.device
     ctx, session = _open_session(lm, prompt, spec, cfg, prefilled)
     eos = lm.eos_ids
@@ -194,11 +217,11 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
     try:
         t0 = time.perf_counter()
         if prefilled is None:
-            out = model(**prompt.prefill_inputs(), **_cache_kw(model, cache), use_cache=True, logits_to_keep=1)
+            out, kv_retention = _prefill_forward(lm, prompt, cache)
             first = _argmax(out.logits)
         else:
             session._pq, session._pk = list(prefilled.queries), list(prefilled.keys)
-            first = prefilled.first_token
+            first, kv_retention = prefilled.first_token, prefilled.kv_retention
         tiers0 = session.finish_prefill()
         history = [tiers0.copy()] if cfg.record_tiers else None
         attention: list[np.ndarray] = []
@@ -242,6 +265,9 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
     log = (pl.DataFrame(session.rows, schema=STEP_LOG_COLUMNS) if session.rows
            else pl.DataFrame(schema=STEP_LOG_COLUMNS))
     summary = _summary(session, log, ctx, spec, prompt, prefill_s, step_ms, terminated, len(tokens))
+    if prompt.layer_pool is not None:  # WnW §3.3: AffPool reports the remaining audio ratio
+        summary["input_retention"] = kv_retention
+        summary["r_gpu_vs_original"] = summary["r_gpu"] * kv_retention
     if stats is not None:
         summary.update(_physical_summary(stats, cache, len(step_ms)))
     if peak is not None:

@@ -40,6 +40,9 @@ class LivePrompt:
     transform: str = "none"
     original_n_audio: int = 0
     span_kinds: list[str] = field(default_factory=list)  #: per audio-span position: audio / anchor
+    #: in-layer AffPool (WnW App. F) applied during prefill, a
+    #: :class:`kvsim.tracer.transforms.affpool_layers.LayerPoolConfig`; None: no pooling
+    layer_pool: Any = None
 
     @property
     def n_audio(self) -> int:

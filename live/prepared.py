@@ -35,6 +35,9 @@ def transform_prepared(backbone, prepared, audio: np.ndarray, name: str):
         audio_end_s=np.asarray(prepared.audio_end_s), duration_s=len(audio) / live.sample_rate,
         original_n_audio=n_a, span_kinds=["audio"] * n_a)
     out = fn(live, prompt, audio)
+    if out.layer_pool is not None:
+        raise ValueError(f"--input-transform {name}: in-layer AffPool pools inside the decoder, "
+                         "not the input; it runs in `kvsim live` only")
     a0, a1 = int(prepared.audio_positions[0]), int(prepared.audio_positions[-1]) + 1
     m = out.n_audio
     ids = np.concatenate([prepared.input_ids[:a0], np.full(m, backbone.audio_token_id, dtype=np.int64),

@@ -1,4 +1,5 @@
-"""VoxZip stage 2 (temporal-decay KV eviction) on the audio span, audio-only scope (WnW §3.3).
+"""VoxZip stage 2 (temporal-decay KV eviction) on the audio span, in VoxZip's generation scope
+or WnW §3.3's audio-only scope.
 
 VoxZip §"dynamic KV cache eviction": per layer, the time-decayed accumulated score is
 ``A^(t) = γ · [A^(t-1), 0] + softmax(q_t K_t^T / √d)`` (γ = 0.95); the cache keeps the first
@@ -14,19 +15,33 @@ remaining tokens by ``A``. Our adaptation:
   of every other score-based policy here (SnapKV, Ada-KV, PyramidKV, AudioKV), which keeps
   the comparison about scores rather than granularity;
 * budget per (layer, KV-head): ``b = floor(r · T_a)``; sinks = the first ``min(T, b)``
-  audio tokens, recent window = the last ``floor(recent_fraction · b)`` audio tokens (the end
-  of the audio, as in ``streaming``: generated tokens are kept anyway), top-N fills the rest;
+  audio tokens, recent window = the last ``floor(recent_fraction · b)`` tokens, top-N fills
+  the rest;
 * the score is seeded with the prefill observation window: the recurrence runs over the
   window queries in prompt order (``A ← γ·A + Σ_group softmax_w``), then selects;
 * during decoding the recurrence continues with the compressed model's attention and the
   rule is re-applied to the resident set; evicted tokens are GONE (no recall).
 
-Under the audio-only scope the audio span does not grow while decoding, so the cache is
-already at ``b`` per head after prefill and the decode-time rule (top-N *of the resident
-tokens*, which are exactly ``b``) never evicts more: VoxZip's decode-time eviction only acts
-on the growing generated-token part, which the audio-only scope keeps in full. We therefore
-do not request step attention (``needs_step_attention = False``); ``update_scores`` applies
-the recurrence for callers that want the decayed scores (tests, studies).
+Scope (``scope``). VoxZip evicts "during the generation stage": every decode step appends the
+generated token to the cache ("zero-padding concatenation to align the dimension for the newly
+generated token") and the rule then keeps T sinks, the latest M tokens and the top-N, which
+"bound[s] the inference context". Its budget therefore covers the generated tokens too.
+
+* ``"generation"`` (default, VoxZip's scope): the per-head budget ``b`` covers the audio *and*
+  the generated tokens. kvsim keeps generated tokens on GPU (the policy protocol manages the
+  audio span only), so they win the top-N contest: after decode step ``s`` (``g = s + 1``
+  generated tokens in the cache) the recent window is the last ``M`` positions of
+  audio ++ generated (its audio part shrinks to ``max(M − g, 0)`` tokens) and the audio keeps
+  ``max(b − g, min(T, b))`` tokens: one audio token per (layer, KV-head) is evicted at every
+  step, the lowest-scoring resident one outside the sinks and the recent window, until only
+  the sinks are left (the cache then exceeds ``b`` by the generated tokens, which kvsim never
+  evicts). r_GPU is still WnW §3.4's audio ratio and falls by ``1/T_a`` per step;
+  :func:`cache_retention` gives VoxZip's own ratio, (audio + generated) / (L·H_kv·T_a), which
+  stays at the prefill value while ``g ≤ b − min(T, b)``.
+* ``"audio"`` (WnW §3.3's audio-only scope): generated tokens are kept outside the budget, the
+  audio does not grow, the cache is at ``b`` after prefill and the decode rule (top-N *of the
+  resident tokens*, exactly ``b``) never evicts: the policy is static after prefill and
+  does not request step attention.
 """
 
 from __future__ import annotations
@@ -41,7 +56,9 @@ from kvsim.policies.base import (
     Policy,
     PolicyContext,
     PrefillView,
+    StepView,
     Tier,
+    all_audio_attention,
     kv_group_sum,
     shared,
     topk_mask,
@@ -64,6 +81,28 @@ def decayed_accumulate(prev: np.ndarray, attention: np.ndarray, gamma: float) ->
     return gamma * padded + att
 
 
+def recent_count(budget: int, n_sink: int, recent_fraction: float) -> int:
+    """M: ``floor(recent_fraction · budget)`` capped by what the sinks leave of the budget."""
+    return min(int(np.floor(recent_fraction * budget + 1e-9)), budget - min(n_sink, budget))
+
+
+def partition_keep(scores: np.ndarray, n_sink: int, n_recent: int, n_total: int,
+                   allowed: np.ndarray | None = None) -> np.ndarray:
+    """The first ``n_sink`` and last ``n_recent`` positions of every row, plus the top-scoring
+    ``allowed`` others up to ``n_total`` per row (bool mask, same shape as ``scores``)."""
+    n = scores.shape[-1]
+    fixed = np.zeros(n, dtype=bool)
+    fixed[:n_sink] = True
+    if n_recent > 0:
+        fixed[n - n_recent:] = True
+    allowed = np.ones(scores.shape, dtype=bool) if allowed is None else allowed
+    keep = np.broadcast_to(fixed, scores.shape) & allowed
+    left = n_total - keep.sum(axis=-1)
+    cand = np.where(keep | ~allowed, -np.inf, scores)
+    extra = topk_mask(cand, left) & ~keep & allowed
+    return keep | extra
+
+
 def sink_recent_topn(
     scores: np.ndarray, budget: int, n_sink: int, recent_fraction: float, allowed: np.ndarray | None = None
 ) -> np.ndarray:
@@ -72,20 +111,37 @@ def sink_recent_topn(
     ``allowed`` (same shape, bool) restricts every choice to resident positions. Returns a bool
     mask with at most ``budget`` entries per row.
     """
-    n = scores.shape[-1]
-    budget = min(budget, n)
+    budget = min(budget, scores.shape[-1])
     sink = min(n_sink, budget)
-    recent = min(int(np.floor(recent_fraction * budget + 1e-9)), budget - sink)
-    fixed = np.zeros(n, dtype=bool)
-    fixed[:sink] = True
-    if recent > 0:
-        fixed[n - recent :] = True
-    allowed = np.ones(scores.shape, dtype=bool) if allowed is None else allowed
-    keep = np.broadcast_to(fixed, scores.shape) & allowed
-    left = budget - keep.sum(axis=-1)
-    cand = np.where(keep | ~allowed, -np.inf, scores)
-    extra = topk_mask(cand, left) & ~keep & allowed
-    return keep | extra
+    return partition_keep(scores, sink, recent_count(budget, n_sink, recent_fraction), budget,
+                          allowed)
+
+
+def generation_scope_keep(scores: np.ndarray, allowed: np.ndarray, budget: int, n_generated: int,
+                          n_sink: int, recent_fraction: float) -> np.ndarray:
+    """VoxZip's rule when the budget also covers ``n_generated`` kept generated tokens.
+
+    The recent window is the last ``M`` positions of audio ++ generated, so its audio part is
+    the last ``max(M − g, 0)`` audio tokens; the generated tokens older than the window take
+    their share of the top-N; the audio keeps ``max(b − g, min(T, b))`` tokens per row.
+    """
+    budget = min(budget, scores.shape[-1])
+    sink = min(n_sink, budget)
+    recent = recent_count(budget, n_sink, recent_fraction)
+    n_audio = max(budget - n_generated, sink)
+    return partition_keep(scores, sink, max(recent - n_generated, 0), n_audio, allowed)
+
+
+def cache_retention(gpu_audio_tokens: np.ndarray, n_generated: np.ndarray, n_heads_total: int,
+                    n_audio: int) -> np.ndarray:
+    """VoxZip's cache ratio per step: (GPU audio KV + generated KV of every (layer, KV-head))
+    over WnW §3.4's N_full^audio = L·H_kv·T_a (``scope="generation"`` keeps it at the target).
+
+    ``gpu_audio_tokens`` is the step log's column; ``n_generated`` the generated tokens in the
+    cache after each step (``step + 1``).
+    """
+    total = n_heads_total * n_audio
+    return (np.asarray(gpu_audio_tokens) + n_heads_total * np.asarray(n_generated)) / total
 
 
 @register
@@ -106,6 +162,10 @@ class VoxZip(Policy):
     scoring : str
         ``"head"`` (kvsim's default: per KV-head, GQA group summed) or ``"layer"`` (VoxZip's
         one score vector per layer, shared by the layer's KV-heads).
+    scope : str
+        ``"generation"`` (VoxZip's: the budget covers the generated tokens, one audio token per
+        head is evicted at every decode step) or ``"audio"`` (WnW §3.3's audio-only scope:
+        static after prefill). See the module docstring.
     """
 
     name = "voxzip"
@@ -115,6 +175,7 @@ class VoxZip(Policy):
     n_sink: int = 4
     recent_fraction: float = 0.2
     scoring: str = "head"
+    scope: str = "generation"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -123,6 +184,9 @@ class VoxZip(Policy):
         require_int(n, "n_sink", self.n_sink, lo=0)
         require_real(n, "recent_fraction", self.recent_fraction, lo=0, hi=1)
         require_choice(n, "scoring", self.scoring, ("head", "layer"))
+        require_choice(n, "scope", self.scope, ("generation", "audio"))
+        # only the generation scope evicts while decoding, so only it reads step attention
+        self.needs_step_attention = self.scope == "generation"
 
     def _head_attention(self, att: np.ndarray) -> np.ndarray:
         """(H_q, T) attention rows -> what the recurrence adds per KV-head, (H_kv, T)."""
@@ -153,17 +217,34 @@ class VoxZip(Policy):
         self._capacity = self._budget * ctx.heads.n_heads_total
         return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
 
-    def update_scores(self, step_attention: list[np.ndarray]) -> np.ndarray:
+    def update_scores(self, step_attention: list[np.ndarray] | np.ndarray,
+                      n_generated: int = 0) -> np.ndarray:
         """Apply one decode step of the recurrence (per layer (H_q, T_a) attention) and the
-        eviction rule on the resident set; returns the (possibly unchanged) keep mask."""
+        eviction rule of the scope on the resident set (``n_generated``: generated tokens now
+        in the cache); returns the (possibly unchanged) keep mask."""
         for layer, att in enumerate(step_attention):
             self.scores_[layer] = decayed_accumulate(
                 self.scores_[layer], self._head_attention(np.asarray(att)), self.gamma
             )
-        self._keep = sink_recent_topn(
-            self.scores_, self._budget, self.n_sink, self.recent_fraction, allowed=self._keep
-        )
+        if self.scope == "generation":
+            self._keep = generation_scope_keep(self.scores_, self._keep, self._budget,
+                                               n_generated, self.n_sink, self.recent_fraction)
+            n_heads = self._keep.shape[0] * self._keep.shape[1]
+            self._capacity = max(self._budget - n_generated, min(self.n_sink, self._budget)) * n_heads
+        else:
+            self._keep = sink_recent_topn(self.scores_, self._budget, self.n_sink,
+                                          self.recent_fraction, allowed=self._keep)
         return self._keep
+
+    def decode_step(self, view: StepView) -> np.ndarray | None:
+        """Generation scope: after step ``s`` the cache holds ``s + 1`` generated tokens; the
+        recurrence takes this step's compressed attention and the rule evicts (module
+        docstring). Audio scope: nothing ever changes after prefill."""
+        if self.scope == "audio":
+            return None
+        att = all_audio_attention(view, self.scores_.shape[0])
+        keep = self.update_scores(att, n_generated=view.step + 1)
+        return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
 
     def gpu_capacity(self) -> int | None:
         return self._capacity

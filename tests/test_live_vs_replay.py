@@ -114,3 +114,21 @@ def _exact_kept_attention(trace: Trace, kept: np.ndarray) -> tuple[np.ndarray, n
         rel_replay = renormalised_rel_bound(err, allowed, z, len(audio))
         tol[h] = exact[h] * (rel_live + rel_replay)
     return exact, tol
+
+
+def test_voxzip_generation_scope_evicts_alike_live_and_in_replay(both):
+    """VoxZip's generation scope in both drivers: the same prefill tiers and, at every decode
+    step, one audio token evicted per (layer, KV-head), i.e. the same GPU audio count and the
+    same releases (which tokens go may differ: live attention comes from the compressed model,
+    replay's from the recorded full-model queries)."""
+    trace, lm, prompt, scores = both
+    spec = PolicySpec("voxzip", 0.3)
+    rep = replay_trace(trace, [spec], ReplayConfig(record_tiers=True))[0]
+    live = live_generate(lm, prompt, spec, LiveConfig(N_NEW, record_tiers=True))
+    np.testing.assert_array_equal(live.tiers_after_prefill, rep.tiers[0])
+    n = min(live.step_log.height, rep.step_log.height)
+    assert n >= 3
+    cols = ["step", "gpu_audio_tokens", "released_tokens"]
+    assert live.step_log[cols].head(n).equals(rep.step_log[cols].head(n))
+    heads = lm.layout.n_layers * lm.layout.n_kv_heads
+    assert (live.step_log["released_tokens"].head(n) == heads).all()

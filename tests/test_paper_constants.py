@@ -15,7 +15,7 @@ from kvsim.policies._params import require_int, require_real
 from kvsim.policies._wnw_layout import PAPER_VOICE_FRACTION, TIDAL, SegmentLayout, kept_per_segment
 from kvsim.policies.base import Tier
 from kvsim.policies.registry import available, make
-from kvsim.policies.voxzip import decayed_accumulate, sink_recent_topn
+from kvsim.policies.voxzip import decayed_accumulate, generation_scope_keep, sink_recent_topn
 from tests._zoo_a_views import FakeStepView, make_ctx, random_prefill
 
 VS4 = np.array([[1.0, 0.8], [0.5, 0.2]])
@@ -126,6 +126,22 @@ def test_voxzip_defaults_are_the_papers() -> None:
     assert d["gamma"] == 0.95  # VoxZip, experimental setup: "γ ... is empirically set to 0.95"
     assert d["n_sink"] == 4  # VoxZip stage 2 "we empirically set T=4"
     assert d["recent_fraction"] == 0.2  # VoxZip stage 2 "20% of the total KV cache budget"
+    # VoxZip stage 2: "a dynamic KV cache eviction mechanism during the generation stage";
+    # WnW §3.3 compares five baselines, VoxZip not among them, so its audio-only scope is not
+    # VoxZip's default here
+    assert d["scope"] == "generation"
+
+
+def test_voxzip_generation_scope_recent_window_slides_onto_generated_tokens() -> None:
+    """VoxZip stage 2 "the latest M recent tokens" of a cache that grows by one generated token
+    per step ("zero-padding concatenation ... for the newly generated token"): with b = 20,
+    M = 4, after g = 4 steps no audio token is recent any more and the audio keeps b − g."""
+    scores = np.zeros((1, 100))
+    scores[0, 40:60] = 1.0
+    full = np.ones((1, 100), dtype=bool)
+    keep = generation_scope_keep(scores, full, 20, 4, 4, 0.2)[0]
+    assert keep[:4].all() and not keep[-4:].any()  # sinks stay, the audio end lost its window
+    assert keep.sum() == 16 and keep[40:52].all()
 
 
 def test_voxzip_decay_is_gamma_times_padded_previous_plus_attention() -> None:
@@ -153,6 +169,21 @@ def test_voxzip_layer_scoring_shares_one_vector_per_layer() -> None:
     assert (tiers[:, 0] == tiers[:, 1]).all()  # every KV-head of a layer keeps the same
     head = make("voxzip", 0.3).prefill(ctx, view)
     assert not (head[:, 0] == head[:, 1]).all()  # the per-KV-head default differs
+
+
+# ----------------------------------------------------------------------------- AffPool
+def test_affpool_layers_defaults_are_wnw_appendix_f() -> None:
+    """WnW App. F: "Deep pooling with window size 3 is applied to the first 27 layers of
+    Voxtral-mini-3b, and input pooling with window size 1 is applied to the last 3 layers"."""
+    import inspect
+
+    from kvsim.tracer.transforms.affpool import affpool
+    from kvsim.tracer.transforms.affpool_layers import UNPOOLED_LAST_LAYERS, LayerPoolConfig
+
+    cfg = LayerPoolConfig(threshold=0.9)
+    assert cfg.window == 3 and UNPOOLED_LAST_LAYERS == 3
+    assert cfg.pool_layers(30) == 27  # Voxtral-mini-3b's 30 decoder layers
+    assert inspect.signature(affpool).parameters["window"].default == 3  # input variant too
 
 
 # ----------------------------------------------------------------------------- baselines

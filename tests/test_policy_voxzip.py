@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvsim.policies.base import Tier
 from kvsim.policies.registry import make
-from kvsim.policies.voxzip import decayed_accumulate, sink_recent_topn
+from kvsim.policies.voxzip import (
+    cache_retention,
+    decayed_accumulate,
+    generation_scope_keep,
+    sink_recent_topn,
+)
+from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace
+from kvsim.synth import SynthConfig, synthesize
+from kvsim.trace import Trace, write_trace
 from tests._zoo_a_views import FakePrefillView, make_ctx, random_prefill
 
 
@@ -66,7 +79,7 @@ def test_tiny_budget_gives_sinks_first() -> None:
 
 def test_decode_rule_never_grows_and_respects_residency() -> None:
     ctx = make_ctx(1, 2, 1, 60)
-    pol = make("voxzip", 0.25)
+    pol = make("voxzip", 0.25, scope="audio")
     pol.prefill(ctx, random_prefill(ctx))
     before = pol._keep.copy()
     att = np.zeros((2, 60))
@@ -74,3 +87,98 @@ def test_decode_rule_never_grows_and_respects_residency() -> None:
     after = pol.update_scores([att])
     assert (after <= before).all() and after.sum() == before.sum()
     assert pol.scores_[0, 0, 30] >= 2.0 * 1.0 - 1e-9  # group sum added to the decayed score
+
+
+# ----------------------------------------------------------------------------- scopes
+def test_generation_scope_keep_hand_case() -> None:
+    """b = 10, T = 4 sinks, M = 2: with g generated tokens the recent window's audio part is
+    the last max(2 − g, 0) audio tokens and the audio keeps max(10 − g, 4) tokens."""
+    scores = np.arange(20, dtype=float)[::-1].copy()[None]  # earlier positions score higher
+    scores[0, 10] = 100.0  # one high-scoring middle token
+    allowed = np.ones((1, 20), dtype=bool)
+    k0 = generation_scope_keep(scores, allowed, 10, 0, 4, 0.2)
+    assert np.flatnonzero(k0[0]).tolist() == [0, 1, 2, 3, 4, 5, 6, 10, 18, 19]
+    k1 = generation_scope_keep(scores, k0, 10, 1, 4, 0.2)  # recent audio: last 1; 9 kept
+    assert np.flatnonzero(k1[0]).tolist() == [0, 1, 2, 3, 4, 5, 6, 10, 19]
+    k3 = generation_scope_keep(scores, k1, 10, 3, 4, 0.2)  # no recent audio left; 7 kept
+    assert np.flatnonzero(k3[0]).tolist() == [0, 1, 2, 3, 4, 5, 10]
+    k9 = generation_scope_keep(scores, k3, 10, 9, 4, 0.2)  # only the sinks are left
+    assert np.flatnonzero(k9[0]).tolist() == [0, 1, 2, 3]
+    # residency: a GONE position never comes back, however high its score
+    scores[0, 7] = 1e6
+    assert not generation_scope_keep(scores, k3, 10, 4, 4, 0.2)[0, 7]
+
+
+def _replay_voxzip(scope: str, budget: float, tmp_path) -> tuple:
+    data = synthesize(SynthConfig(preset="small", audio_seconds=30.0, decode_steps=40, seed=3,
+                                  store_values=False))
+    trace = Trace(write_trace(tmp_path / "t.kvtrace", data))
+    (run,) = replay_trace(trace, [PolicySpec("voxzip", budget, {"scope": scope})],
+                          ReplayConfig(record_tiers=True))
+    return run, len(trace.audio_positions)
+
+
+@pytest.mark.parametrize("budget", [0.05, 0.2])
+def test_generation_scope_evicts_one_audio_token_per_head_and_step(budget, tmp_path) -> None:
+    """VoxZip evicts "during the generation stage": every step's generated token takes one
+    audio token's place in every (layer, KV-head) until only the sinks are left."""
+    run, n_audio = _replay_voxzip("generation", budget, tmp_path)
+    heads = run.facts.n_layers * run.facts.n_kv_heads
+    b = int(np.floor(budget * n_audio + 1e-9))
+    log = run.step_log
+    g = log["step"].to_numpy() + 1
+    want = heads * np.maximum(b - g, min(4, b))
+    np.testing.assert_array_equal(log["gpu_audio_tokens"].to_numpy(), want)
+    assert log["released_tokens"].sum() > 0  # decode-time eviction happens
+    released = log["released_tokens"].to_numpy()
+    np.testing.assert_array_equal(released, -np.diff(np.r_[heads * b, want]))
+    hist = np.stack(run.tiers)  # (steps + 1, L, H, T_a)
+    assert not ((hist[:-1] == Tier.GONE) & (hist[1:] != Tier.GONE)).any()  # GONE absorbing
+    assert (hist[:, :, :, :min(4, b)] == Tier.GPU).all()  # the sinks, whatever their score
+    # VoxZip's own ratio (audio + generated over L·H_kv·T_a) stays at the prefill value while
+    # the budget can still hold the generated tokens
+    r_cache = cache_retention(log["gpu_audio_tokens"].to_numpy(), g, heads, n_audio)
+    fits = g <= b - min(4, b)
+    np.testing.assert_allclose(r_cache[fits], heads * b / (heads * n_audio), rtol=0, atol=1e-12)
+    assert run.summary["r_gpu"] < run.summary["r_gpu_prefill"]  # r_GPU (audio) falls
+
+
+def test_audio_scope_is_static_after_prefill(tmp_path) -> None:
+    """WnW §3.3's audio-only scope: the audio does not grow, the decode rule never evicts."""
+    run, n_audio = _replay_voxzip("audio", 0.2, tmp_path)
+    assert run.step_log["released_tokens"].sum() == 0
+    assert run.summary["r_gpu"] == run.summary["r_gpu_prefill"]
+    assert not make("voxzip", 0.2, scope="audio").needs_step_attention
+    assert make("voxzip", 0.2).needs_step_attention  # the default scope reads step attention
+
+
+def test_generation_scope_is_the_default() -> None:
+    assert make("voxzip", 0.2).scope == "generation"
+    with pytest.raises(ValueError, match="scope must be one of"):
+        make("voxzip", 0.2, scope="all")
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(preset=st.sampled_from(["tiny", "small"]), seconds=st.floats(6.0, 16.0),
+       steps=st.integers(1, 30), seed=st.integers(0, 10_000), budget=st.floats(0.02, 1.0),
+       scoring=st.sampled_from(["head", "layer"]))
+def test_generation_scope_budget_invariants_on_random_traces(preset, seconds, steps, seed,
+                                                             budget, scoring) -> None:
+    """Whatever the trace and budget: per (layer, KV-head) the audio on GPU after step s is
+    exactly max(b − (s+1), min(T, b)), only resident tokens stay, sinks are never evicted,
+    and the engine's capacity check held (it raises otherwise)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data = synthesize(SynthConfig(preset=preset, audio_seconds=seconds, decode_steps=steps,
+                                      seed=seed, store_values=False))
+        trace = Trace(write_trace(Path(tmp) / "t.kvtrace", data))
+        (run,) = replay_trace(trace, [PolicySpec("voxzip", budget, {"scoring": scoring})],
+                              ReplayConfig(record_tiers=True))
+        n_audio = len(trace.audio_positions)
+    b = int(np.floor(budget * n_audio + 1e-9))
+    sink = min(4, b)
+    hist = np.stack(run.tiers)
+    per_head = (hist == Tier.GPU).sum(-1)  # (steps + 1, L, H)
+    want = np.r_[b, np.maximum(b - (np.arange(len(hist) - 1) + 1), sink)]
+    assert (per_head == want[:, None, None]).all()
+    assert not ((hist[:-1] != Tier.GPU) & (hist[1:] == Tier.GPU)).any()
+    assert (hist[..., :sink] == Tier.GPU).all()

@@ -199,7 +199,10 @@ def test_wnw_recall_is_active_and_oscillates_on_a_sweeping_trace(tmp_path: Path)
 def test_static_policies_on_random_traces(name, preset, seconds, steps, seed, budget) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trace = _trace(preset, seconds, steps, seed, Path(tmp))
-        run = _replay(trace, PolicySpec(name, budget))
+        # voxzip's default (VoxZip's generation scope) evicts while decoding; the audio-only
+        # scope is the static one (tests/test_policy_voxzip.py covers the other)
+        params = {"scope": "audio"} if name == "voxzip" else {}
+        run = _replay(trace, PolicySpec(name, budget, params))
         n_audio = len(trace.audio_positions)
     L, Hkv = run.facts.n_layers, run.facts.n_kv_heads
     B = int(np.floor(budget * L * Hkv * n_audio + 1e-9))
@@ -216,7 +219,7 @@ def test_static_policies_on_random_traces(name, preset, seconds, steps, seed, bu
 def test_engine_runs_every_zoo_a_policy_at_paper_budgets(name: str, tmp_path: Path) -> None:
     trace = _trace("small", 30.0, 20, 0, tmp_path)
     # small has 8 KV-heads: the paper's 5 anchors (37.5% at n_voice = 3) exceed r = 0.2
-    params = {"n_anchor": 1} if name == "wnw" else {}
+    params = {"n_anchor": 1} if name == "wnw" else {"scope": "audio"} if name == "voxzip" else {}
     runs = replay_trace(trace, [PolicySpec(name, r, params) for r in (0.2, 0.4, 0.6, 0.8)],
                         ReplayConfig())
     for run, r in zip(runs, (0.2, 0.4, 0.6, 0.8), strict=True):

@@ -6,7 +6,12 @@ back into a prompt. Used by ``kvsim live --transform`` (and by ``kvsim trace`` l
 
 * ``voxzip1`` -- VoxZip stage 1 semantic anchors (:mod:`kvsim.tracer.transforms.voxzip_anchors`);
 * ``affpool[:retention]`` -- affinity pooling of adjacent audio tokens
-  (:mod:`kvsim.tracer.transforms.affpool`), default retention 0.5.
+  (:mod:`kvsim.tracer.transforms.affpool`), default retention 0.5: the input-level variant,
+  on the input embeddings, threshold bisected per clip;
+* ``affpool_layers:τ`` -- WnW App. F's AffPool inside the decoder (pooling at the output of
+  the first layers, :mod:`kvsim.tracer.transforms.affpool_layers`) with threshold τ, set on
+  a held-out subset by :func:`~kvsim.tracer.transforms.affpool_layers.calibrate_layer_threshold`
+  (runs with policy ``full``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,17 @@ def affpool_transform(retention: float) -> Callable[..., Any]:
     return apply
 
 
+def affpool_layers_transform(threshold: float, name: str) -> Callable[..., Any]:
+    def apply(lm, prompt, audio):
+        import dataclasses
+
+        from kvsim.tracer.transforms.affpool_layers import LayerPoolConfig
+
+        return dataclasses.replace(prompt, layer_pool=LayerPoolConfig(threshold),
+                                   transform=name)
+    return apply
+
+
 def voxzip1_transform(segment_fn: Callable[..., Any] = whisper_segments) -> Callable[..., Any]:
     def apply(lm, prompt, audio):
         full, span = _audio_span(lm, prompt)
@@ -61,8 +77,16 @@ def parse_transforms(text: str) -> dict[str, Callable[..., Any] | None]:
             except ValueError:
                 raise ValueError(f"--transform {item!r}: retention must be a number") from None
             out[f"affpool:{r:g}"] = affpool_transform(r)
+        elif name == "affpool_layers":
+            try:
+                tau = float(arg)
+            except ValueError:
+                raise ValueError(f"--transform {item!r}: give the affinity threshold, "
+                                 "affpool_layers:TAU") from None
+            out[item] = affpool_layers_transform(tau, item)  # keyed as given: τ is calibrated
         else:
-            raise ValueError(f"--transform {item!r}: unknown; use none, voxzip1, affpool[:retention]")
+            raise ValueError(f"--transform {item!r}: unknown; use none, voxzip1, "
+                             "affpool[:retention], affpool_layers:TAU")
     if not out:
         raise ValueError("--transform: nothing given")
     return out
