@@ -13,8 +13,10 @@ It drives the *same* policy objects through the *same* protocol as the replay en
   restricted to audio columns (H_q, W, T_a);
 * at decode step ``s`` and layer ``l`` a query-aware policy's ``select`` is called before
   attention (its mask, or the GPU tier, is what attention reads); attention then runs with the
-  per-(layer, KV-head) keep-mask merged in; when the policy asks for it the compressed softmax
-  restricted to audio columns is captured (H_q, T_a);
+  per-(layer, KV-head) keep-mask merged in (:class:`kvsim.live.keepmask.KeepMasks`: kept
+  between steps, its audio columns rewritten only when what is read there changes); when the
+  policy asks for it the compressed softmax restricted to audio columns is captured (H_q, T_a),
+  at the layers its ``decode_step`` reads (``step_attention_layers``; NaN elsewhere);
 * after all layers ``decode_step`` (or ``current_tiers`` for query-aware policies, as the
   engine does) returns the tiers that take effect at step ``s + 1``.
 
@@ -37,6 +39,7 @@ from kvsim.live.attention import (
     masked_decode_attention,
     stock_attention,
 )
+from kvsim.live.keepmask import KeepMasks
 from kvsim.policies.base import ArrayQueryView, BufferStepView, Policy, PolicyContext, Tier
 from kvsim.trace.schema import OBSERVATION_WINDOW, observation_window
 
@@ -98,6 +101,10 @@ class LiveSession:
         self.policy_seconds = 0.0
         self.cache = None  # set by the decoder when physical
         self._audio_t: torch.Tensor | None = None
+        self._keep = KeepMasks(self.audio, h.n_layers)
+        #: per layer: whether the policy's ``decode_step`` reads its step attention (the
+        #: others are NaN, so that a wrong read shows), set after prefill
+        self._buffered = np.ones(h.n_layers, dtype=bool)
 
     # ------------------------------------------------------------------ attention hook
     def attention(self, module, layer: int, query, key, value, attention_mask, **kwargs):
@@ -143,12 +150,12 @@ class LiveSession:
             keep = off.keep_mask(read)
             attention_mask = None  # built for the logical length; one decode query sees all keys
         else:
-            keep = self._logical_keep(read, key.shape[2], key.device)
+            keep = self._keep.get(layer, read, key.shape[2], key.device)
         if keep is None:
             out = stock_attention(module, query, key, value, attention_mask, **kwargs)
         else:
             out = (masked_decode_attention(query, key, value, keep, scaling), None)
-        if self.buffer is not None:
+        if self.buffer is not None and self._buffered[layer]:
             probs = masked_attention_probs(query, key, keep, scaling)
             cols = (self.cache.layers[layer].audio_columns(probs) if self.physical
                     else probs[:, self._audio_index(probs.device)])
@@ -159,14 +166,6 @@ class LiveSession:
         if self._audio_t is None or self._audio_t.device != device:
             self._audio_t = torch.as_tensor(self.audio, device=device)
         return self._audio_t
-
-    def _logical_keep(self, read: np.ndarray, n: int, device: torch.device) -> torch.Tensor | None:
-        if read.all():
-            return None
-        keep = torch.ones((read.shape[0], n), dtype=torch.bool, device=device)
-        # a copy: ``read`` may be a read-only view of the policy's tiers
-        keep[:, self._audio_index(device)] = torch.tensor(read, device=device)
-        return keep
 
     # ------------------------------------------------------------------ lifecycle
     def finish_prefill(self) -> np.ndarray:
@@ -183,6 +182,11 @@ class LiveSession:
         self.tiers = tiers.copy()
         self.gpu = tiers == Tier.GPU
         self._check_capacity(-1)
+        layers = self.policy.step_attention_layers()
+        if self.buffer is not None and layers is not None:
+            self._buffered[:] = False
+            self._buffered[list(layers)] = True
+            self.buffer[~self._buffered] = np.nan
         self.prefill_r_gpu = float(self.gpu.mean())
         self._pq = self._pk = []  # free the prompt keys and window queries
         self.phase = "decode"

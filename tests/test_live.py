@@ -205,6 +205,9 @@ def test_step_attention_is_zero_off_the_gpu_tier(lm, prompt, scores):
     seen = []
 
     class Spy(registry.get("wnw")):
+        def step_attention_layers(self):
+            return None  # the spy reads every layer's step attention
+
         def decode_step(self, view):
             tiers = self._live_tiers
             att = np.stack([view.audio_attention(i) for i in range(L)])  # (L, H_q, T_a)
