@@ -94,6 +94,8 @@ class RunResult:
     per_head_recall: np.ndarray  #: (L, H_q) mean audio-mass recall over steps
     policy: Policy | None = None  #: the policy object after the run (for inspection)
     tiers: list[np.ndarray] | None = None
+    #: (S,) attention recall of every decode step, mean over layers and q-heads
+    step_recall: np.ndarray | None = None
 
 
 # ----------------------------------------------------------------------------- views
@@ -196,6 +198,7 @@ class Replayer:
             trace=self.trace.name, spec=spec, summary=summary, step_log=log,
             facts=self._facts(spec), per_head_recall=metrics.recall_sum / max(self.n_steps, 1),
             policy=run.policy, tiers=run.history,
+            step_recall=metrics.step_recall / self.heads.n_layers,
         )
 
     def _facts(self, spec: PolicySpec) -> RunFacts:
