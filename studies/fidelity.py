@@ -42,22 +42,29 @@ from kvsim.trace.reader import Trace
 DEFAULT_POLICIES = ("full", "wnw", "snapkv", "adakv", "pyramidkv", "audiokv", "arkvale", "voxzip",
                     "streaming", "h2o", "chunkkv", "quest")
 DEFAULT_BUDGETS = (0.2, 0.4, 0.6, 0.8)
+#: ``--quick`` without earlier live runs: a few methods of different kinds.
+QUICK_POLICIES = ("full", "snapkv", "streaming", "h2o", "voxzip")
 METRICS = (*REPLAY_METRICS, *DERIVED_METRICS)
 TARGETS = ("wer", "terminated")
 
 
 def measure(items: Sequence, plan: Sequence[PlanItem], src: Sources, out: Path,
             log: Callable[[str], None] = print) -> pl.DataFrame:
-    """Trace, replay and decode live (or read ``src.live_runs``); one row per (clip, method,
-    budget) measured both ways, with each live run's departure."""
+    """Trace, decode live (or read ``src.live_runs``) and replay the methods live measured;
+    one row per (clip, method, budget) measured both ways, with each live run's departure."""
     traces = trace_clips(items, src, out / "traces")
+    live = _live_rows(items, plan, src, out, log)
+    measured = set(zip(live["label"].to_list(), live["budget"].cast(pl.Float64).to_list(), strict=True))
+    plan = [p for p in plan if (p.spec.label, float(p.spec.budget)) in measured]
+    if not plan:
+        raise ValueError("the live runs hold none of the requested methods on these clips "
+                         f"({', '.join(i.id for i in items[:3])}{', ...' if len(items) > 3 else ''})")
     frames, steps, full = [], {}, {}
     for clip_id, path in traces.items():
         log(f"replaying {path} ({len(plan)} methods)")
         frame, steps[clip_id] = replay_clip(path, plan, src)
         frames.append(frame.with_columns(pl.lit(clip_id).alias(CLIP)))
         full[clip_id] = trace_tokens(Trace(path))
-    live = _live_rows(items, plan, src, out, log)
     points = join_points(pl.concat(frames), live)
     if not points.height:
         raise ValueError("no (clip, method, budget) was measured both by replay and live")

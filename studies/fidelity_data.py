@@ -12,7 +12,13 @@ import numpy as np
 import polars as pl
 
 from kvsim.live.run import PlanItem
-from kvsim.studies.fidelity_stats import CLIP, departure_index, departure_recall, text_departure
+from kvsim.studies.fidelity_stats import (
+    CLIP,
+    at_risk_percentile,
+    departure_index,
+    departure_recall,
+    text_departure,
+)
 from kvsim.trace.reader import Trace
 
 #: Replay columns carried into the joined frame (the metrics the study ranks).
@@ -110,6 +116,24 @@ def read_live_runs(folders: Sequence[Path]) -> pl.DataFrame:
     return frame
 
 
+def live_runs_max_new_tokens(folders: Sequence[Path]) -> int:
+    """The ``max_new_tokens`` every live run folder decoded with (from its ``run.json``)."""
+    import json
+
+    found = set()
+    for folder in folders:
+        manifest = folder / "run.json"
+        if not manifest.exists():
+            raise ValueError(f"{folder}: no run.json (not a kvsim live run folder)")
+        value = json.loads(manifest.read_text()).get("config", {}).get("max_new_tokens")
+        if not isinstance(value, int):
+            raise ValueError(f"{manifest}: config.max_new_tokens: missing")
+        found.add(value)
+    if len(found) > 1:
+        raise ValueError(f"--live-runs decoded with different max_new_tokens ({sorted(found)}): give folders of one setting")
+    return found.pop()
+
+
 def join_points(replay: pl.DataFrame, live: pl.DataFrame) -> pl.DataFrame:
     """One row per (clip, method, budget) that both replay and live measured: replay's
     metrics, live's WER and termination (``live_`` prefixed where names clash)."""
@@ -126,24 +150,30 @@ def join_points(replay: pl.DataFrame, live: pl.DataFrame) -> pl.DataFrame:
 def add_departures(points: pl.DataFrame, full_tokens: dict[str, list[int]], steps: dict,
                    decode: Callable[[list[int]], str] | None, eos: set[int]) -> pl.DataFrame:
     """Each live run's departure from the full cache's tokens on its clip (token index, null
-    when it never departs) and replay's recall before it (:func:`departure_recall`). Runs
-    without token ids are compared as text (``decode``: token ids -> text)."""
+    when it never departs), replay's recall before it (:func:`departure_recall`) and its
+    at-risk percentile (:func:`at_risk_percentile`). Runs without token ids are compared as
+    text (``decode``: token ids -> text)."""
     prefixes: dict[str, list[str]] = {}
-    rows = []
+    departures = []
     for row in points.iter_rows(named=True):
         ref = full_tokens[row[CLIP]]
-        ids = row.get("token_ids")
-        if ids is not None:
-            d = departure_index(list(ids), ref)
-        else:
-            if decode is None:
-                raise ValueError(f"{row[CLIP]}: live runs without token ids need the tokenizer")
-            if row[CLIP] not in prefixes:
-                body = [t for t in ref if t not in eos]
-                prefixes[row[CLIP]] = [decode(body[:k]) for k in range(len(body) + 1)]
-            d = text_departure(row["hypothesis"], prefixes[row[CLIP]])
-        rec = departure_recall(steps[row[CLIP]][(row["label"], row["budget"])], d)
-        rows.append({"departure": d, "departed": d is not None, **rec})
-    return pl.concat([points, pl.DataFrame(rows, schema={"departure": pl.Int64, "departed": pl.Boolean,
-                                                         "recall_before": pl.Float64, "recall_at": pl.Float64,
-                                                         "recall_percentile": pl.Float64})], how="horizontal")
+        if row.get("token_ids") is not None:
+            departures.append(departure_index(list(row["token_ids"]), ref))
+            continue
+        if decode is None:
+            raise ValueError(f"{row[CLIP]}: live runs without token ids need the tokenizer")
+        if row[CLIP] not in prefixes:
+            body = [t for t in ref if t not in eos]
+            prefixes[row[CLIP]] = [decode(body[:k]) for k in range(len(body) + 1)]
+        departures.append(text_departure(row["hypothesis"], prefixes[row[CLIP]]))
+    recalls = [steps[c][(lab, b)] for c, lab, b in zip(points[CLIP], points["label"], points["budget"], strict=True)]
+    out = points.with_columns(pl.Series("departure", departures, dtype=pl.Int64),
+                              pl.Series("departed", [d is not None for d in departures]))
+    out = pl.concat([out, pl.DataFrame([departure_recall(r, d) for r, d in zip(recalls, departures, strict=True)],
+                                       schema={"recall_before": pl.Float64, "recall_at": pl.Float64})],
+                    how="horizontal")
+    pct = np.full(out.height, np.nan)
+    for clip in out[CLIP].unique().to_list():
+        idx = np.flatnonzero((out[CLIP] == clip).to_numpy())
+        pct[idx] = at_risk_percentile([recalls[i] for i in idx], [departures[i] for i in idx])
+    return out.with_columns(pl.Series("recall_percentile", pct))

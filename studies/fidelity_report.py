@@ -19,15 +19,19 @@ GENERIC_NOTES = [
     "aligning layers (the 4 layers whose attention peak moves most monotonically with the answer, "
     "as `kvsim alignment` finds them), and `recall_p10`, the 10th percentile of the per-step recall.",
     "**Levels.** `per_clip`: rank correlation across methods × budgets within one clip, averaged "
-    "over clips (does replay rank methods on one input?). `pooled`: over every point. "
+    "over clips (does replay rank methods on one input?). `within_budget`: across the methods of "
+    "one budget within one clip, averaged over budgets and clips (does replay pick the better "
+    "method at a fixed budget? `r_gpu` is nearly constant there, so this level shows what a "
+    "quality metric adds beyond the budget). `pooled`: over every point. "
     "`method_means`: across methods × budgets after averaging each over the clips (does replay "
     "rank the rows of a benchmark table?). Intervals: 95% percentile bootstrap over clips "
     "(seeded), since the methods decoded on one clip share its audio.",
     "**Departure.** The first generated token where a live run differs from the full cache's "
     "tokens on its clip. Up to it the live run and replay saw the same tokens, so replay's "
-    "per-step recall before it is directly comparable. `recall_percentile` is the departing "
-    "step's recall ranked among the 16 steps before it: 0.5 when recall says nothing about when "
-    "a run departs, low when departures follow recall dips.",
+    "per-step recall before it is directly comparable. `recall_percentile` ranks the departing "
+    "step's replay recall among the other compressed runs of the clip that were still on the "
+    "full cache's tokens at that same step: 0.5 when recall says nothing about which runs leave, "
+    "low when the runs that leave are those whose recall is lowest.",
     "**Predictor.** An isotonic regression of live WER on one replay metric, fitted on all clips "
     "but one and scored on the held-out clip (leave-one-clip-out), against the constant "
     "predictor (the other clips' mean WER). `gain` is the constant's mean absolute error minus "
@@ -53,13 +57,19 @@ def correlation_caption_table(corr: pl.DataFrame, target: str) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
+#: Budget accounting, not a replay quality measurement: the baseline a quality metric must beat.
+BUDGET_METRICS = ("r_gpu", "r_gpu_cpu", "read_fraction")
+
+
 def best_metric(corr: pl.DataFrame, predictor: pl.DataFrame) -> str:
-    """The metric whose held-out WER predictor gains most over the constant (ties: the
-    strongest per-clip Spearman with WER)."""
-    if predictor.height:
-        return predictor.sort("gain", descending=True)["metric"][0]
-    t = corr.filter((pl.col("target") == "wer") & (pl.col("level") == "per_clip") & (pl.col("coefficient") == "spearman"))
-    return t.sort(pl.col("value").abs(), descending=True)["metric"][0]
+    """The quality metric (not budget accounting) whose held-out WER predictor gains most over
+    the constant; without a predictor, the strongest within-budget Spearman with WER."""
+    pred = predictor.filter(~pl.col("metric").is_in(BUDGET_METRICS)) if predictor.height else predictor
+    if pred.height:
+        return pred.sort("gain", descending=True, nulls_last=True)["metric"][0]
+    t = corr.filter((pl.col("target") == "wer") & (pl.col("level") == "within_budget")
+                    & (pl.col("coefficient") == "spearman") & ~pl.col("metric").is_in(BUDGET_METRICS))
+    return t.sort(pl.col("value").abs(), descending=True, nulls_last=True)["metric"][0]
 
 
 def verdict(corr: pl.DataFrame, predictor: pl.DataFrame, departure: pl.DataFrame, metric: str) -> str:
@@ -68,8 +78,10 @@ def verdict(corr: pl.DataFrame, predictor: pl.DataFrame, departure: pl.DataFrame
         return corr.filter((pl.col("metric") == metric) & (pl.col("target") == "wer") & (pl.col("level") == level)
                            & (pl.col("coefficient") == "spearman")).row(0, named=True)
 
-    table, clip = cell("method_means"), cell("per_clip")
+    table, clip, fixed = cell("method_means"), cell("per_clip"), cell("within_budget")
     p = predictor.filter(pl.col("metric") == metric).row(0, named=True) if predictor.height else None
+    base = predictor.filter(pl.col("metric") == "r_gpu") if predictor.height else None
+    base = base.row(0, named=True) if base is not None and base.height else None
     overall = departure.filter(pl.col("method") == "all").row(0, named=True)
 
     def reliable(c: dict) -> bool:
@@ -80,7 +92,8 @@ def verdict(corr: pl.DataFrame, predictor: pl.DataFrame, departure: pl.DataFrame
             return "undefined (live WER or the metric does not vary)"
         return f"{_iv(c['value'], c['low'], c['high'])}: " + (yes if reliable(c) else no)
 
-    parts = [f"**When replay can stand in for live.** The best replay metric here is `{metric}`."]
+    parts = [f"**When replay can stand in for live.** The best replay quality metric here is `{metric}` "
+             "(largest held-out gain)."]
     parts.append(
         "Ranking the rows of a benchmark table (methods × budgets averaged over clips), its Spearman "
         "correlation with live WER is " + reading(
@@ -88,6 +101,13 @@ def verdict(corr: pl.DataFrame, predictor: pl.DataFrame, departure: pl.DataFrame
             f"replay **cannot** be trusted to rank methods and budgets (the interval does not stay beyond ±{RELIABLE})") + ".")
     parts.append("Within one clip it is " + reading(clip, "per-input rankings hold",
                                                     "per-input rankings are not reliable") + ".")
+    parts.append("Among the methods of one budget it is " + reading(
+        fixed, "replay picks the better method at a fixed budget",
+        "replay does **not** reliably pick the better method at a fixed budget") + ".")
+    if p is not None and base is not None:
+        parts.append(f"The budget alone (`r_gpu`) predicts held-out WER with error {base['mae_model']:.3f}; "
+                     + (f"`{metric}` adds to it" if p["mae_model"] < base["mae_model"] else
+                        f"`{metric}` does no better than the budget alone") + ".")
     if p is not None:
         beats = p["gain_low"] > 0
         parts.append(

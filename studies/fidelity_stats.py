@@ -23,7 +23,7 @@ from scipy.optimize import isotonic_regression
 CLIP = "clip"
 METHOD_KEYS = ("label", "budget")
 #: How the (clip, method, budget) points are pooled before ranking.
-LEVELS = ("per_clip", "pooled", "method_means")
+LEVELS = ("per_clip", "within_budget", "pooled", "method_means")
 COEFFICIENTS = ("spearman", "kendall")
 
 
@@ -67,19 +67,29 @@ def clip_matrix(frame: pl.DataFrame, column: str) -> np.ndarray:
     return out
 
 
+def budget_groups(frame: pl.DataFrame) -> np.ndarray:
+    """The budget index of every column of :func:`clip_matrix` (same column order)."""
+    methods = frame.select(*METHOD_KEYS).unique(maintain_order=True)
+    budgets = methods["budget"].to_numpy()
+    return np.unique(budgets, return_inverse=True)[1]
+
+
 def level_correlation(metric: np.ndarray, target: np.ndarray, level: str, coefficient: str = "spearman",
-                      clips: np.ndarray | None = None) -> float:
+                      clips: np.ndarray | None = None, groups: np.ndarray | None = None) -> float:
     """Rank correlation of a (clips, methods) ``metric`` with ``target`` at one pooling
     ``level``, over the rows ``clips`` (all by default; a bootstrap draw repeats some).
 
     ``per_clip``: across methods × budgets within each clip, then the mean over clips (the
     question a researcher asks of one input); ``pooled``: over every (clip, method, budget)
     point; ``method_means``: across methods × budgets after averaging each over the clips
-    (the question of a benchmark table).
+    (the question of a benchmark table); ``within_budget``: across the methods of one budget
+    (``groups``: the budget index of every column) within one clip, averaged over budgets and
+    clips (does replay pick the better method at a fixed budget, beyond the budget itself?).
     """
     rows = np.arange(len(metric)) if clips is None else clips
-    if level == "per_clip":
-        return _finite_mean(per_clip_correlations(metric, target, coefficient)[rows])
+    if level in ("per_clip", "within_budget"):
+        by = groups if level == "within_budget" else None
+        return _finite_mean(per_clip_correlations(metric, target, coefficient, by)[rows])
     m, t = metric[rows], target[rows]
     if level == "pooled":
         return rank_correlation(m.ravel(), t.ravel(), coefficient)
@@ -90,9 +100,15 @@ def level_correlation(metric: np.ndarray, target: np.ndarray, level: str, coeffi
     raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
 
 
-def per_clip_correlations(metric: np.ndarray, target: np.ndarray, coefficient: str = "spearman") -> np.ndarray:
-    """(clips,) rank correlation across methods within each clip (NaN where undefined)."""
-    return np.array([rank_correlation(a, b, coefficient) for a, b in zip(metric, target, strict=True)])
+def per_clip_correlations(metric: np.ndarray, target: np.ndarray, coefficient: str = "spearman",
+                          groups: np.ndarray | None = None) -> np.ndarray:
+    """(clips,) rank correlation across methods within each clip (NaN where undefined); with
+    ``groups`` (a group index per column), the mean of the correlations within each group."""
+    if groups is None:
+        return np.array([rank_correlation(a, b, coefficient) for a, b in zip(metric, target, strict=True)])
+    per_group = [per_clip_correlations(metric[:, groups == g], target[:, groups == g], coefficient)
+                 for g in np.unique(groups)]
+    return np.array([_finite_mean(np.array(v)) for v in zip(*per_group, strict=True)])
 
 
 def _finite_mean(values: np.ndarray) -> float:
@@ -121,11 +137,11 @@ def bootstrap(statistic: Callable[[np.ndarray], float], n_clips: int, draws: np.
 
 
 def correlation_interval(metric: np.ndarray, target: np.ndarray, level: str, coefficient: str,
-                         draws: np.ndarray) -> Interval:
+                         draws: np.ndarray, groups: np.ndarray | None = None) -> Interval:
     """:func:`level_correlation` with its interval over the clip ``draws`` (the per-clip
     correlations are computed once: a draw only reweights them)."""
-    if level == "per_clip":
-        per_clip = per_clip_correlations(metric, target, coefficient)
+    if level in ("per_clip", "within_budget"):
+        per_clip = per_clip_correlations(metric, target, coefficient, groups if level == "within_budget" else None)
         return bootstrap(lambda d: _finite_mean(per_clip[d]), len(metric), draws)
     stat = partial(level_correlation, metric, target, level, coefficient)
     return bootstrap(lambda d: stat(d), len(metric), draws)
@@ -137,6 +153,7 @@ def correlation_table(frame: pl.DataFrame, metrics: Sequence[str], targets: Sequ
     bootstrap 95% interval. Metrics absent or without a finite value are left out."""
     n_clips = frame[CLIP].n_unique()
     draws = bootstrap_draws(n_clips, n_boot, seed)
+    groups = budget_groups(frame)
     rows = []
     for metric in metrics:
         if metric not in frame.columns or not np.isfinite(frame[metric].cast(pl.Float64).to_numpy()).any():
@@ -146,7 +163,7 @@ def correlation_table(frame: pl.DataFrame, metrics: Sequence[str], targets: Sequ
             t = clip_matrix(frame, target)
             for level in LEVELS:
                 for coef in COEFFICIENTS:
-                    iv = correlation_interval(m, t, level, coef, draws)
+                    iv = correlation_interval(m, t, level, coef, draws, groups)
                     rows.append({"metric": metric, "target": target, "level": level,
                                  "coefficient": coef, "value": iv.value, "low": iv.low, "high": iv.high})
     return pl.DataFrame(rows)
@@ -235,23 +252,38 @@ def text_departure(hypothesis: str, prefixes: Sequence[str]) -> int | None:
     return k
 
 
-def departure_recall(step_recall: np.ndarray, departure: int | None, window: int = 16) -> dict[str, float]:
+def departure_recall(step_recall: np.ndarray, departure: int | None) -> dict[str, float]:
     """What replay's per-step attention recall showed before a live run departed.
 
     Token ``d >= 1`` is produced by decode step ``d - 1`` (token 0 by the prefill), so replay
     steps ``0 .. d-1`` saw the same tokens as the live run. Returns the mean recall over
-    those steps, the recall of step ``d - 1``, and its mid-rank percentile among the
-    ``window`` steps before it (0.5 when recall says nothing about when a run departs; low
-    when departures follow recall dips). NaN where undefined (no departure: the means are
-    over every step).
+    those steps and the recall of step ``d - 1`` (no departure: the mean over every step).
     """
     r = np.asarray(step_recall, dtype=np.float64)
     nan = float("nan")
     if departure is None or departure > len(r):
-        return {"recall_before": float(r.mean()) if len(r) else nan, "recall_at": nan, "recall_percentile": nan}
+        return {"recall_before": float(r.mean()) if len(r) else nan, "recall_at": nan}
     if departure == 0:
-        return {"recall_before": nan, "recall_at": nan, "recall_percentile": nan}
-    at = r[departure - 1]
-    earlier = r[max(0, departure - 1 - window):departure - 1]
-    pct = float((earlier < at).mean() + 0.5 * (earlier == at).mean()) if len(earlier) else nan
-    return {"recall_before": float(r[:departure].mean()), "recall_at": float(at), "recall_percentile": pct}
+        return {"recall_before": nan, "recall_at": nan}
+    return {"recall_before": float(r[:departure].mean()), "recall_at": float(r[departure - 1])}
+
+
+def at_risk_percentile(step_recall: Sequence[np.ndarray], departures: Sequence[int | None]) -> list[float]:
+    """For each run of one clip that departs at token ``d >= 1``: the mid-rank percentile of
+    its replay recall at step ``d - 1`` among the runs still on the full cache's tokens after
+    that step (departing later or never), at the same step. Comparing runs at the same step
+    removes any trend of recall over the answer; 0.5 when recall says nothing about which runs
+    leave, low when the runs that leave are those whose recall is lowest. Runs that never
+    compress (recall 1 at every step) are not compared against. NaN where undefined."""
+    out = []
+    compressed = [bool((np.asarray(r) < 1).any()) for r in step_recall]
+    for r, d in zip(step_recall, departures, strict=True):
+        if d is None or d == 0 or d > len(r):
+            out.append(float("nan"))
+            continue
+        s = d - 1
+        peers = np.array([q[s] for q, e, c in zip(step_recall, departures, compressed, strict=True)
+                          if c and (e is None or e > d) and s < len(q)])
+        at = r[s]
+        out.append(float((peers < at).mean() + 0.5 * (peers == at).mean()) if len(peers) else float("nan"))
+    return out

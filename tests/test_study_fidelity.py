@@ -13,8 +13,10 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.studies.fidelity_stats import (
+    at_risk_percentile,
     bootstrap,
     bootstrap_draws,
+    budget_groups,
     clip_matrix,
     correlation_table,
     departure_index,
@@ -59,6 +61,22 @@ def test_every_level_of_a_perfect_monotone_relation_is_one():
     assert (table.filter(pl.col("level") == "per_clip")["low"] > 1 - 1e-9).all()  # every resample is perfect
 
 
+def test_within_budget_level_sees_past_the_budget():
+    # WER falls with the budget, and within a budget it follows x exactly: the pooled level
+    # mixes both, the within-budget level sees x's relation alone (perfect)
+    rng = np.random.default_rng(0)
+    rows = []
+    for c in range(4):
+        for b in (0.2, 0.6):
+            x = rng.random(6)
+            rows += [{"clip": f"c{c}", "label": f"m{m}", "budget": b, "x": x[m], "y": -b - 0.1 * x[m]} for m in range(6)]
+    f = pl.DataFrame(rows)
+    m, t, g = clip_matrix(f, "x"), clip_matrix(f, "y"), budget_groups(f)
+    assert sorted(set(g.tolist())) == [0, 1] and len(g) == m.shape[1] == 12
+    assert level_correlation(m, t, "within_budget", groups=g) == pytest.approx(-1.0, abs=1e-12)
+    assert level_correlation(m, t, "pooled") > -0.5
+
+
 def test_bootstrap_interval_contains_the_population_spearman():
     rho = 0.6  # bivariate normal: population Spearman = 6/pi * asin(rho / 2)
     truth = 6 / np.pi * np.arcsin(rho / 2)
@@ -96,13 +114,23 @@ def test_departure_index_on_constructed_tokens():
     assert text_departure("a dog", prefixes) == 0
 
 
-def test_departure_recall_sees_a_dip_before_departure():
+def test_departure_recall_and_at_risk_percentile():
     recall = np.full(40, 0.9)
     recall[19] = 0.3  # step 19 produced token 20
     out = departure_recall(recall, 20)
-    assert out["recall_at"] == pytest.approx(0.3) and out["recall_percentile"] == 0.0
+    assert out["recall_at"] == pytest.approx(0.3)
     assert out["recall_before"] == pytest.approx((19 * 0.9 + 0.3) / 20)
     assert departure_recall(recall, None)["recall_before"] == pytest.approx(recall.mean())
+    # peers are the compressed runs still on the full cache's tokens at the same step; the
+    # full cache (recall 1 throughout) and runs that already left are not compared against
+    runs = [recall, np.full(40, 0.5), np.full(40, 0.7), np.full(40, 0.1), np.ones(40)]
+    pct = at_risk_percentile(runs, [20, None, 30, 5, None])
+    assert pct[0] == 0.0  # step 19: 0.3 below both peers (0.5, 0.7)
+    assert np.isnan(pct[1]) and np.isnan(pct[4])  # never leave
+    assert pct[2] == 1.0  # step 29: the only peer left is 0.5 < 0.7
+    assert pct[3] == 0.0  # step 4: 0.1 below 0.9, 0.5, 0.7
+    tied = at_risk_percentile([np.full(5, 0.5), np.full(5, 0.5)], [2, None])
+    assert tied[0] == 0.5  # a tie counts half
 
 
 @pytest.fixture(scope="module")

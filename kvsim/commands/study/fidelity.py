@@ -21,7 +21,7 @@ def fidelity(
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Policies (default: the twelve the papers compare)")] = None,
     budget: Annotated[str, typer.Option("--budget", "-b", help="Budgets r_GPU, comma-separated")] = "0.2,0.4,0.6,0.8",
     heads: Annotated[Path | None, typer.Option(help="Calibration heads.json for WnW / AudioKV (default with --model minivox: minivox/heads.json)")] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Tokens per answer, traced and live")] = 300,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per answer, traced and live (with --live-runs: theirs)")] = 300,
     live_runs: Annotated[list[Path] | None, typer.Option("--live-runs", help="Existing `kvsim live` folders to take the live runs from (repeatable)")] = None,
     aligner: Annotated[str, typer.Option(help="Word alignment of the traces (auto, reference, whisper, none)")] = "auto",
     n_boot: Annotated[int, typer.Option(help="Bootstrap resamples of the clips")] = 1000,
@@ -30,18 +30,25 @@ def fidelity(
     quick: QuickOption = False,
     out: OutOption = None,
 ) -> None:
-    """Does replay predict live? Rank correlations of replay metrics with live WER, departures from the full cache's tokens, and a held-out predictor."""
+    """Does replay predict live? Rank correlations of replay metrics with live WER, departures from the full cache's tokens, and a held-out predictor.
+
+    --quick: 2 clips, 60 tokens, 200 resamples; when decoding live, 5 policies at budgets 0.2 and 0.6.
+    """
     from kvsim.commands._errors import fail
     from kvsim.specs import parse_budgets
-    from kvsim.studies.fidelity import DEFAULT_POLICIES, analyse, measure
-    from kvsim.studies.fidelity_data import Sources
+    from kvsim.studies.fidelity import DEFAULT_POLICIES, QUICK_POLICIES, analyse, measure
+    from kvsim.studies.fidelity_data import Sources, live_runs_max_new_tokens
     from kvsim.studies.fidelity_report import build_report
 
     t0 = time.perf_counter()
     out = default_out("fidelity", out)
     if quick:
         limit, max_new_tokens, n_boot = min(limit, 2), min(max_new_tokens, 60), min(n_boot, 200)
+        if not live_runs:  # decoding live: a few methods only
+            policy, budget = policy or list(QUICK_POLICIES), "0.2,0.6"
     try:
+        if live_runs:  # trace as long as the live runs decoded, so tokens compare
+            max_new_tokens = live_runs_max_new_tokens(live_runs)
         if limit < 2:
             raise ValueError(f"--limit {limit}: the statistics need at least 2 clips")
         if heads is None and model == "minivox":
