@@ -104,10 +104,6 @@ def verdict(corr: pl.DataFrame, predictor: pl.DataFrame, departure: pl.DataFrame
     parts.append("Among the methods of one budget it is " + reading(
         fixed, "replay picks the better method at a fixed budget",
         "replay does **not** reliably pick the better method at a fixed budget") + ".")
-    if p is not None and base is not None:
-        parts.append(f"The budget alone (`r_gpu`) predicts held-out WER with error {base['mae_model']:.3f}; "
-                     + (f"`{metric}` adds to it" if p["mae_model"] < base["mae_model"] else
-                        f"`{metric}` does no better than the budget alone") + ".")
     if p is not None:
         beats = p["gain_low"] > 0
         parts.append(
@@ -116,6 +112,10 @@ def verdict(corr: pl.DataFrame, predictor: pl.DataFrame, departure: pl.DataFrame
             f"{_iv(p['gain'], p['gain_low'], p['gain_high'])}): replay "
             + ("**does** predict a new clip's WER better than the set's mean" if beats else
                "**does not** predict a new clip's WER better than the set's mean") + ".")
+    if p is not None and base is not None:
+        parts.append(f"The budget alone (`r_gpu`) predicts held-out WER with error {base['mae_model']:.3f}; "
+                     + (f"`{metric}` adds to it" if p["mae_model"] < base["mae_model"] else
+                        f"`{metric}` does no better than the budget alone") + ".")
     parts.append(
         f"{overall['departed']:.0%} of live runs leave the full cache's tokens, at median token "
         f"{_fmt(overall['median_departure_token'], '.0f')}; after that, replay's queries are no longer "
