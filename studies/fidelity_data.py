@@ -25,7 +25,7 @@ from kvsim.trace.reader import Trace
 REPLAY_METRICS = ("attn_recall", "attn_recall_min_step", "topk_jaccard", "output_error",
                   "r_gpu", "r_gpu_cpu", "read_fraction")
 #: Metrics the study derives from replay's per-step and per-layer recall.
-DERIVED_METRICS = ("recall_align", "recall_p10")
+DERIVED_METRICS = ("recall_align", "output_error_align", "recall_p10")
 
 
 @dataclass
@@ -94,10 +94,16 @@ def replay_clip(path: Path, plan: Sequence[PlanItem], src: Sources) -> tuple[pl.
         row = {CLIP: trace.name, "label": r.spec.label, "budget": float(r.spec.budget),
                **{m: float(r.summary[m]) for m in REPLAY_METRICS},
                "recall_align": float(r.per_head_recall[layers].mean()),
+               "output_error_align": _mean_of(r.layer_error, layers),
                "recall_p10": float(np.percentile(recall, 10)) if len(recall) else float("nan")}
         rows.append(row)
         steps[(r.spec.label, float(r.spec.budget))] = recall
     return pl.DataFrame(rows), steps
+
+
+def _mean_of(per_layer: np.ndarray | None, layers: list[int]) -> float:
+    """Mean of a per-layer metric over ``layers`` (NaN when the engine gave none)."""
+    return float("nan") if per_layer is None else float(np.mean(per_layer[layers]))
 
 
 def read_live_runs(folders: Sequence[Path]) -> pl.DataFrame:

@@ -15,9 +15,11 @@ GENERIC_NOTES = [
     "**What is compared.** Each clip is traced once with the full cache; every policy × budget is "
     "replayed over that trace (open loop: the full cache's queries) and decoded live (closed loop: "
     "the policy's own tokens). A point is one (clip, method, budget). Replay metrics are those of "
-    "`kvsim replay` (docs/metrics.md) plus `recall_align`, the attention recall on the clip's "
-    "aligning layers (the 4 layers whose attention peak moves most monotonically with the answer, "
-    "as `kvsim alignment` finds them), and `recall_p10`, the 10th percentile of the per-step recall.",
+    "`kvsim replay` (docs/metrics.md) plus `recall_align` and `output_error_align`, the attention "
+    "recall and attention-output error on the clip's aligning layers (the 4 layers whose attention "
+    "peak moves most monotonically with the answer, as `kvsim alignment` finds them: their "
+    "attention mass sits near the audio being transcribed), and `recall_p10`, the 10th "
+    "percentile of the per-step recall.",
     "**Levels.** `per_clip`: rank correlation across methods × budgets within one clip, averaged "
     "over clips (does replay rank methods on one input?). `within_budget`: across the methods of "
     "one budget within one clip, averaged over budgets and clips (does replay pick the better "

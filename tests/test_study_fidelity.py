@@ -150,6 +150,7 @@ def study(tmp_path_factory):
 
 def test_study_writes_report_and_its_numbers_agree_with_direct_computations(study):
     from kvsim.replay.engine import PolicySpec, replay_trace
+    from kvsim.studies.alignment import alignment
     from kvsim.studies.fidelity_data import trace_tokens
     from kvsim.trace.reader import Trace
 
@@ -168,8 +169,13 @@ def test_study_writes_report_and_its_numbers_agree_with_direct_computations(stud
         ids = live.filter((pl.col("input") == clip) & (pl.col("label") == "snapkv"))["token_ids"][0].to_list()
         row = points.filter((pl.col("clip") == clip) & (pl.col("label") == "snapkv")).row(0, named=True)
         assert row["departure"] == departure_index(ids, trace_tokens(trace))
-        direct = replay_trace(trace, [PolicySpec("snapkv", 0.3)])[0].summary
+        direct = replay_trace(trace, [PolicySpec("snapkv", 0.3)])[0]
         # the same computation on the same trace: equal to float32 batching rounding (docs/metrics.md)
-        assert row["attn_recall"] == pytest.approx(direct["attn_recall"], rel=1e-6)
+        assert row["attn_recall"] == pytest.approx(direct.summary["attn_recall"], rel=1e-6)
+        # per-layer output error: its mean over layers is the run's output error (float64 sums)
+        assert np.mean(direct.layer_error) == pytest.approx(direct.summary["output_error"], rel=1e-12)
+        layers = alignment(trace).layers
+        assert row["output_error_align"] == pytest.approx(float(np.mean(direct.layer_error[layers])), rel=1e-6)
+        assert row["recall_align"] == pytest.approx(float(direct.per_head_recall[layers].mean()), rel=1e-6)
     manifest = json.loads((study / "live" / "run.json").read_text())
     assert manifest["status"] == "complete"
