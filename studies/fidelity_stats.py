@@ -241,14 +241,19 @@ def departure_index(tokens: Sequence[int], reference: Sequence[int]) -> int | No
 def text_departure(hypothesis: str, prefixes: Sequence[str]) -> int | None:
     """:func:`departure_index` recovered from text, for live runs that kept no token ids:
     ``prefixes[k]`` is the decoded text of the reference's first ``k`` tokens; the departure
-    is the largest ``k`` whose prefix (and every shorter one) starts ``hypothesis``, None when
-    the hypothesis is the whole reference text. Exact up to a token whose decoded text is a
-    prefix of a different token's (both then read as agreeing)."""
-    k = 0
-    while k + 1 < len(prefixes) and hypothesis.startswith(prefixes[k + 1]):
-        k += 1
-    if k == len(prefixes) - 1 and hypothesis == prefixes[-1]:
+    is the last ``k`` before the first prefix that does not start ``hypothesis``, None when
+    the hypothesis is the whole reference text. A prefix that ends inside a multi-byte
+    character (decoded as U+FFFD) decides nothing and is skipped. Exact up to tokens whose
+    decoded texts coincide; tokens skipped just before a departure are counted as departed."""
+    if hypothesis == prefixes[-1]:
         return None
+    k = 0
+    for j, p in enumerate(prefixes[1:], start=1):
+        if p.endswith("\ufffd"):
+            continue
+        if not hypothesis.startswith(p):
+            break
+        k = j
     return k
 
 
