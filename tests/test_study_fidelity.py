@@ -212,3 +212,10 @@ def test_study_reads_earlier_live_runs_and_compares_text_when_token_ids_are_miss
     for by_text, by_tokens in zip(again["departure"], first["departure"], strict=True):
         assert (by_text is None) == (by_tokens is None)
         assert by_text is None or by_text <= by_tokens
+
+
+def test_bad_options_fail_in_one_line(tmp_path):
+    res = CliRunner().invoke(app, ["study", "fidelity", str(tmp_path), "--live-runs", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "nope: no run.json" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(app, ["study", "fidelity", "--dataset-root", str(tmp_path / "none"), "--limit", "1"])
+    assert res.exit_code == 2 and "--limit 1" in res.output

@@ -39,6 +39,7 @@ def fidelity(
     from kvsim.studies.fidelity import DEFAULT_POLICIES, QUICK_POLICIES, analyse, measure
     from kvsim.studies.fidelity_data import Sources, live_runs_max_new_tokens
     from kvsim.studies.fidelity_report import build_report
+    from kvsim.trace.schema import TraceError
 
     t0 = time.perf_counter()
     out = default_out("fidelity", out)
@@ -63,7 +64,7 @@ def fidelity(
                       device=device, live_runs=list(live_runs or []), ray=ray)
         points = measure(items, plan, src, out)
         report = build_report(points, analyse(points, n_boot), [])
-    except (ValueError, KeyError, FileNotFoundError, OSError) as exc:
+    except (ValueError, KeyError, OSError, TraceError) as exc:
         fail(exc)
     finish(report, out, t0)
 
