@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from kvsim.studies.fidelity import ALL_COMPRESSED
 from kvsim.studies.fidelity_stats import CLIP
 from kvsim.studies.report import StudyReport
 
@@ -84,7 +85,7 @@ def verdict(corr: pl.DataFrame, predictor: pl.DataFrame, departure: pl.DataFrame
     p = predictor.filter(pl.col("metric") == metric).row(0, named=True) if predictor.height else None
     base = predictor.filter(pl.col("metric") == "r_gpu") if predictor.height else None
     base = base.row(0, named=True) if base is not None and base.height else None
-    overall = departure.filter(pl.col("method") == "all").row(0, named=True)
+    overall = departure.filter(pl.col("method") == ALL_COMPRESSED).row(0, named=True)
 
     def reliable(c: dict) -> bool:
         return c["low"] * c["high"] > 0 and min(abs(c["low"]), abs(c["high"])) >= RELIABLE
@@ -119,10 +120,23 @@ def verdict(corr: pl.DataFrame, predictor: pl.DataFrame, departure: pl.DataFrame
                      + (f"`{metric}` adds to it" if p["mae_model"] < base["mae_model"] else
                         f"`{metric}` does no better than the budget alone") + ".")
     parts.append(
-        f"{overall['departed']:.0%} of live runs leave the full cache's tokens, at median token "
+        f"{overall['departed']:.0%} of compressed live runs leave the full cache's tokens, at median token "
         f"{_fmt(overall['median_departure_token'], '.0f')}; after that, replay's queries are no longer "
         f"the live run's, which bounds what any open-loop metric can predict.")
+    parts.append(_departure_signal(overall))
     return " ".join(parts)
+
+
+def _departure_signal(overall: dict) -> str:
+    """The sentence on whether replay's per-step recall tells which runs leave, and when."""
+    pct, low, high = overall["recall_percentile"], overall["percentile_low"], overall["percentile_high"]
+    if pct is None or low is None:
+        return "Too few departures to say whether replay's per-step recall tells which runs leave."
+    told = high < 0.5
+    return (f"At the step a run departs, its replay recall ranks at percentile {pct:.2f} "
+            f"[{low:.2f}, {high:.2f}] among the runs still on the full cache's tokens at that step "
+            "(0.5: no signal): replay's per-step recall "
+            + ("**does** tell which runs are about to leave." if told else "does **not** tell which runs are about to leave."))
 
 
 def _fmt(v, spec: str) -> str:
