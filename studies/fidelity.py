@@ -57,6 +57,9 @@ def measure(items: Sequence, plan: Sequence[PlanItem], src: Sources, out: Path,
     traces = trace_clips(items, src, out / "traces")
     live = _live_rows(items, plan, src, out, log)
     measured = set(zip(live["label"].to_list(), live["budget"].cast(pl.Float64).to_list(), strict=True))
+    missing = sorted({p.spec.label for p in plan if (p.spec.label, float(p.spec.budget)) not in measured})
+    if missing:
+        log(f"no live runs of {', '.join(missing)} (at some budget) on these clips: left out")
     plan = [p for p in plan if (p.spec.label, float(p.spec.budget)) in measured]
     if not plan:
         raise ValueError("the live runs hold none of the requested methods on these clips "
