@@ -76,7 +76,8 @@ def make_plan(policy_args: Sequence[str], budgets: Sequence[float], transforms: 
 def score_row(run: LiveRun, item: LiveInput, reference: str | None, tokenizer: Any = None,
               wer: WerConfig | None = None) -> dict[str, Any]:
     """One run's row; transcripts get truncated WER in ``tokenizer``'s tokens (WnW §3.5)."""
-    row = {"input": item.id, **run.summary, "hypothesis": run.text, "reference": reference}
+    row = {"input": item.id, **run.summary, "hypothesis": run.text, "reference": reference,
+           "token_ids": list(run.tokens)}
     if reference:
         if item.task == "translate":
             row["bleu"] = bleu(run.text, reference)

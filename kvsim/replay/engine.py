@@ -94,6 +94,10 @@ class RunResult:
     per_head_recall: np.ndarray  #: (L, H_q) mean audio-mass recall over steps
     policy: Policy | None = None  #: the policy object after the run (for inspection)
     tiers: list[np.ndarray] | None = None
+    #: (S,) attention recall of every decode step, mean over layers and q-heads
+    step_recall: np.ndarray | None = None
+    #: (L,) output error of every layer, mean over the sampled steps (NaN without values)
+    layer_error: np.ndarray | None = None
 
 
 # ----------------------------------------------------------------------------- views
@@ -196,6 +200,8 @@ class Replayer:
             trace=self.trace.name, spec=spec, summary=summary, step_log=log,
             facts=self._facts(spec), per_head_recall=metrics.recall_sum / max(self.n_steps, 1),
             policy=run.policy, tiers=run.history,
+            step_recall=metrics.step_recall / self.heads.n_layers,
+            layer_error=_layer_error(metrics, self.heads.n_layers),
         )
 
     def _facts(self, spec: PolicySpec) -> RunFacts:
@@ -208,6 +214,14 @@ class Replayer:
             policy=spec.label, budget=spec.budget,
             audio_tokens_per_s=meta.model.audio_tokens_per_s,
         )
+
+
+def _layer_error(metrics: RunMetrics, n_layers: int) -> np.ndarray:
+    """(L,) mean output error of every layer over the sampled steps (NaN when none was)."""
+    steps = metrics.err_n // n_layers
+    if not steps or metrics.err_by_layer is None:
+        return np.full(n_layers, np.nan)
+    return metrics.err_by_layer / steps
 
 
 def replay_trace(trace: Trace, specs: list[PolicySpec], cfg: ReplayConfig | None = None) -> list[RunResult]:

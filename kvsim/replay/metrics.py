@@ -42,6 +42,7 @@ class RunMetrics:
     step_jaccard: np.ndarray  #: (S,) top-K Jaccard of every step, summed over layers
     err_sum: float  #: output error summed over the sampled (step, layer) pairs
     err_n: int  #: number of sampled (step, layer) pairs
+    err_by_layer: np.ndarray | None = None  #: (L,) output error summed over the sampled steps
 
 
 class MetricAccumulator:
@@ -68,6 +69,7 @@ class MetricAccumulator:
         self.step_recall = np.zeros((n_runs, n_steps))
         self.step_jaccard = np.zeros((n_runs, n_steps))
         self.err_sum = np.zeros(n_runs)
+        self.err_by_layer = np.zeros((n_runs, heads.n_layers))
         self.err_n = 0
 
     def add_layer(self, step: int, layer: int, audio_att: np.ndarray,
@@ -120,9 +122,11 @@ class MetricAccumulator:
         k_comp = np.minimum(k_top, resident_q)
         self.step_jaccard[:, step] += row_mean(hits / np.maximum(k_top + k_comp - hits, 1))
 
-    def add_output_error(self, errors: np.ndarray) -> None:
-        """Add every run's output error of one (step, layer) (see :func:`output_error`)."""
+    def add_output_error(self, errors: np.ndarray, layer: int | None = None) -> None:
+        """Add every run's output error of one (step, ``layer``) (see :func:`output_error`)."""
         self.err_sum += errors
+        if layer is not None:
+            self.err_by_layer[:, layer] += errors
 
     def end_step(self, error_sampled: bool) -> None:
         """Close a step; ``error_sampled``: its output error was added at every layer."""
@@ -132,7 +136,7 @@ class MetricAccumulator:
     def of_run(self, r: int) -> RunMetrics:
         """The metrics of run ``r`` (views of the batched sums)."""
         return RunMetrics(self.recall_sum[r], self.step_recall[r], self.step_jaccard[r],
-                          float(self.err_sum[r]), self.err_n)
+                          float(self.err_sum[r]), self.err_n, self.err_by_layer[r])
 
 
 def row_mean(x: np.ndarray) -> np.ndarray:

@@ -114,4 +114,4 @@ class StepLoop:
         if error_sampled:
             errors = output_error(att, self.tensors.values[layer], self.tensors.audio_index,
                                   non_audio, masks_with_full, mass)
-            self.metrics.add_output_error(errors)
+            self.metrics.add_output_error(errors, layer)
