@@ -207,8 +207,6 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
     eos = lm.eos_ids
     cache = DynamicCache(config=model.config) if prefilled is None else copy.deepcopy(prefilled.cache)
     token = ACTIVE.set(session)
-    step_ms: list[float] = []
-    tokens: list[int] = []
     stats = None
     peak = None
     mem: dict[str, float] = {}
@@ -235,53 +233,82 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
             mem["prefill_peak_mb"] = torch.cuda.max_memory_allocated(device) / 1e6
             mem["after_prefill_mb"] = torch.cuda.memory_allocated(device) / 1e6
             torch.cuda.reset_peak_memory_stats(device)
-        tokens.append(first)
-        terminated = tokens[-1] in eos
-        n = prompt.n_prompt
-        step = 0
-        while not terminated and len(tokens) < cfg.max_new_tokens:
-            session.begin_step(step)
-            t1 = time.perf_counter()
-            ids = torch.tensor([[tokens[-1]]], dtype=torch.long, device=device)
-            pos = torch.tensor([n + step], dtype=torch.long, device=device)
-            # position ids are left to the model (Qwen's M-RoPE offsets come from its prefill)
-            out = model(input_ids=ids, **_cache_kw(model, cache), use_cache=True, cache_position=pos,
-                        logits_to_keep=1)
-            tokens.append(_argmax(out.logits))
-            _sync(device)
-            step_ms.append(1e3 * (time.perf_counter() - t1))
-            if history is not None and session.buffer is not None:
-                attention.append(session.buffer.copy())
-            session.end_step(step, n + step)
-            if history is not None:
-                history.append(session.tiers.copy())
-            terminated = tokens[-1] in eos
-            step += 1
+        tokens, step_ms, terminated = _decode_loop(lm, session, cache, first, prompt.n_prompt,
+                                                   cfg.max_new_tokens, history, attention)
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device)
     finally:
         ACTIVE.reset(token)
-    text = lm.decode([t for t in tokens if t not in eos])
-    log = (pl.DataFrame(session.rows, schema=STEP_LOG_COLUMNS) if session.rows
-           else pl.DataFrame(schema=STEP_LOG_COLUMNS))
-    summary = _summary(session, log, ctx, spec, prompt, prefill_s, step_ms, terminated, len(tokens))
-    if prompt.layer_pool is not None:  # WnW §3.3: AffPool reports the remaining audio ratio
-        summary["input_retention"] = kv_retention
-        summary["r_gpu_vs_original"] = summary["r_gpu"] * kv_retention
+    summary = _run_summary(session, ctx, spec, prompt, prefill_s, step_ms, terminated,
+                           len(tokens), kv_retention)
     if stats is not None:
         summary.update(_physical_summary(stats, cache, len(step_ms)))
     if peak is not None:
         summary["peak_mem_mb"] = peak / 1e6  # during decoding
         summary.update(mem)
-    facts = RunFacts(
+    return LiveRun(spec=spec, tokens=tokens, text=lm.decode([t for t in tokens if t not in eos]),
+                   terminated=terminated, summary=summary, step_log=_step_log(session),
+                   facts=_run_facts(lm, ctx, prompt, spec, len(session.rows)),
+                   tiers_after_prefill=tiers0, tiers=history,
+                   step_attention=attention if cfg.record_tiers else None)
+
+
+def _decode_loop(lm: LiveModel, session: LiveSession, cache: Any, first: int, n_prompt: int,
+                 max_new_tokens: int, history: list[np.ndarray] | None,
+                 attention: list[np.ndarray]) -> tuple[list[int], list[float], bool]:
+    """Greedy decode steps after the first token until EOS or ``max_new_tokens``; returns the
+    tokens, each step's milliseconds and whether EOS ended it. ``history`` (when recording)
+    receives the tiers after every step and ``attention`` the step's audio attention."""
+    model, device, eos = lm.model, lm.device, lm.eos_ids
+    tokens, step_ms = [first], []
+    terminated = first in eos
+    step = 0
+    while not terminated and len(tokens) < max_new_tokens:
+        session.begin_step(step)
+        t1 = time.perf_counter()
+        ids = torch.tensor([[tokens[-1]]], dtype=torch.long, device=device)
+        pos = torch.tensor([n_prompt + step], dtype=torch.long, device=device)
+        # position ids are left to the model (Qwen's M-RoPE offsets come from its prefill)
+        out = model(input_ids=ids, **_cache_kw(model, cache), use_cache=True, cache_position=pos,
+                    logits_to_keep=1)
+        tokens.append(_argmax(out.logits))
+        _sync(device)
+        step_ms.append(1e3 * (time.perf_counter() - t1))
+        if history is not None and session.buffer is not None:
+            attention.append(session.buffer.copy())
+        session.end_step(step, n_prompt + step)
+        if history is not None:
+            history.append(session.tiers.copy())
+        terminated = tokens[-1] in eos
+        step += 1
+    return tokens, step_ms, terminated
+
+
+def _step_log(session: LiveSession) -> pl.DataFrame:
+    return (pl.DataFrame(session.rows, schema=STEP_LOG_COLUMNS) if session.rows
+            else pl.DataFrame(schema=STEP_LOG_COLUMNS))
+
+
+def _run_summary(session: LiveSession, ctx: PolicyContext, spec: PolicySpec, prompt: LivePrompt,
+                 prefill_s: float, step_ms: list[float], terminated: bool, n_tokens: int,
+                 kv_retention: float) -> dict[str, Any]:
+    """The run's summary; an in-layer AffPool run reports its remaining audio ratio (WnW §3.3)."""
+    summary = _summary(session, _step_log(session), ctx, spec, prompt, prefill_s, step_ms,
+                       terminated, n_tokens)
+    if prompt.layer_pool is not None:
+        summary["input_retention"] = kv_retention
+        summary["r_gpu_vs_original"] = summary["r_gpu"] * kv_retention
+    return summary
+
+
+def _run_facts(lm: LiveModel, ctx: PolicyContext, prompt: LivePrompt, spec: PolicySpec,
+               n_decode: int) -> RunFacts:
+    return RunFacts(
         model=lm.name, n_layers=ctx.heads.n_layers, n_q_heads=ctx.heads.n_q_heads,
         n_kv_heads=ctx.heads.n_kv_heads, head_dim=ctx.heads.head_dim, dtype_bytes=lm.dtype_bytes,
-        n_audio=ctx.n_audio, n_prefill=prompt.n_prompt, n_decode=len(session.rows),
+        n_audio=ctx.n_audio, n_prefill=prompt.n_prompt, n_decode=n_decode,
         policy=spec.label, budget=spec.budget, audio_tokens_per_s=lm.audio_tokens_per_s,
     )
-    return LiveRun(spec=spec, tokens=tokens, text=text, terminated=terminated, summary=summary,
-                   step_log=log, facts=facts, tiers_after_prefill=tiers0, tiers=history,
-                   step_attention=attention if cfg.record_tiers else None)
 
 
 def _summary(session: LiveSession, log: pl.DataFrame, ctx: PolicyContext, spec: PolicySpec,
