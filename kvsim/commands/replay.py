@@ -20,6 +20,8 @@ REPLAY_COLUMNS = [
     Column("trace", "trace", text=True),
     Column("label", "policy", text=True),
     Column("budget", "r", "{:.2f}"),
+    Column("padding", "padding", text=True, compact=False),
+    Column("n_audio", "T_a", "{:d}", compact=False),
     Column("r_gpu", "r_GPU", "{:.3f}"),
     Column("r_gpu_cpu", "r_GPU+CPU", "{:.3f}", compact=False),
     Column("read_fraction", "read", "{:.3f}", compact=False),
@@ -73,6 +75,7 @@ def replay(
     topk: Annotated[int, typer.Option(help="K of the top-K Jaccard metric (>= 1)")] = 100,
     error_stride: Annotated[int, typer.Option(help="Output error sampled every N >= 1 steps (needs values; 1 = every step)")] = 16,
     max_steps: Annotated[int | None, typer.Option(help="Replay only the first N >= 1 decode steps")] = None,
+    padding: Annotated[str, typer.Option(help="count: the encoder's padding (the zero-padded tail of the last 30 s window) is audio, as recorded; drop: replay as if it were not in the cache (budgets, r_GPU, recall and every policy over the real audio only; needs traces that record their padding)")] = "count",
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Traces replayed in parallel (processes, >= 1)")] = 1,
     ray: Annotated[str | None, typer.Option("--ray", help="Replay traces as Ray tasks on a cluster: its address ('auto' for the one `ray start` made, 'local' for a local Ray)")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Keep the traces an interrupted run with the same options completed in --out; replay only the rest")] = False,
@@ -86,6 +89,7 @@ def replay(
     from kvsim.commands._options import check_positive_ints
     from kvsim.commands.traces import trace_arguments
     from kvsim.replay.engine import ReplayConfig
+    from kvsim.replay.padding import check_padding_mode
     from kvsim.rundir import RunDir
     from kvsim.trace.heads import read_heads
     from kvsim.trace.reader import find_traces
@@ -93,6 +97,7 @@ def replay(
 
     try:
         check_positive_ints(topk=topk, error_stride=error_stride, max_steps=max_steps, jobs=jobs)
+        check_padding_mode(padding)
         specs = [s for b in parse_budgets(budget) for s in parse_policies(policy, b)]
         if simulate:
             _check_simulate(simulate, sim_mode, resume)
@@ -102,11 +107,12 @@ def replay(
         scores = read_heads(calibration) if calibration else None
         config = {"policies": [s.label for s in specs], "budgets": [s.budget for s in specs],
                   "topk": topk, "error_stride": error_stride, "max_steps": max_steps,
-                  "calibration": str(calibration) if calibration else None}
+                  "calibration": str(calibration) if calibration else None, "padding": padding}
         run = RunDir.open(out, "replay", [str(p) for p in paths], config, resume=resume)
     except (ValueError, KeyError, FileNotFoundError, TraceError) as exc:
         fail(exc)
-    cfg = ReplayConfig(topk=topk, error_stride=error_stride, max_steps=max_steps, head_scores=scores)
+    cfg = ReplayConfig(topk=topk, error_stride=error_stride, max_steps=max_steps, head_scores=scores,
+                       padding=padding)
     with run:
         status = _replay_into(run, [p for p in paths if str(p) not in run.completed], specs, cfg,
                               jobs, ray, (simulate, sim_mode, plot), (fmt, wide))

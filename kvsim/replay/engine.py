@@ -39,6 +39,7 @@ from kvsim.policies.base import HeadScores, MissingCalibrationError, Policy, Pol
 from kvsim.policies.spec import PolicySpec
 from kvsim.replay.logwriter import StepLogWriter
 from kvsim.replay.metrics import RunMetrics
+from kvsim.replay.padding import ReplayTrace, check_padding_mode, trace_for_replay
 from kvsim.replay.runstate import PolicyRun
 from kvsim.replay.steploop import LoopSettings, StepLoop
 from kvsim.replay.summary import quality_summary, retention_summary, transfer_summary
@@ -71,6 +72,10 @@ class ReplayConfig:
         Replay only the first ``max_steps`` decode steps.
     seed : int
         Seed handed to policies (random control).
+    padding : {"count", "drop"}
+        Whether the encoder's padding counts as audio (``count``, the trace as recorded) or is
+        taken out of the cache before any policy sees it (``drop``; needs a trace that
+        records its padding). See :mod:`kvsim.replay.padding`.
     """
 
     topk: int = 100
@@ -80,6 +85,10 @@ class ReplayConfig:
     head_scores: HeadScores | None = None
     max_steps: int | None = None
     seed: int = 0
+    padding: str = "count"
+
+    def __post_init__(self) -> None:
+        check_padding_mode(self.padding)
 
 
 @dataclass
@@ -110,8 +119,10 @@ class Replayer:
     """
 
     def __init__(self, trace: Trace, cfg: ReplayConfig | None = None) -> None:
-        self.trace = trace
         self.cfg = cfg or ReplayConfig()
+        #: the trace as the replay reads it (padding taken out under ``padding="drop"``)
+        self.trace: ReplayTrace = trace_for_replay(trace, self.cfg.padding)
+        trace = self.trace
         meta = trace.meta
         self.heads = trace.head_layout
         self.audio = trace.audio_positions
@@ -189,6 +200,7 @@ class Replayer:
             "label": spec.label,
             "budget": spec.budget,
             "steps": self.n_steps,
+            "padding": self.cfg.padding,
             "n_audio": self.n_audio,
             **retention_summary(log, self.ctx.audio_kv_total, prefill_r),
             "saves_capacity": run.policy.saves_capacity,

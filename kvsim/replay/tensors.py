@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.core.attention import as_f32, gqa_logits, softmax_
-from kvsim.trace.reader import Trace
+from kvsim.replay.padding import ReplayTrace
 
 
 class LayerAttention(NamedTuple):
@@ -25,8 +25,8 @@ class TraceTensors:
 
     Attributes
     ----------
-    trace : Trace
-        The trace; queries are read from it step by step.
+    trace : Trace or PaddingDroppedTrace
+        The trace as the replay reads it; queries are read from it step by step.
     keys : list of (H_kv, N, D) float32
         Post-RoPE keys of every layer.
     values : list of (H_kv, N, D) float32, or None
@@ -37,14 +37,14 @@ class TraceTensors:
         True at the positions that are not audio.
     """
 
-    trace: Trace
+    trace: ReplayTrace
     keys: list[np.ndarray]
     values: list[np.ndarray] | None
     audio_index: slice | np.ndarray
     non_audio: np.ndarray
 
     @classmethod
-    def load(cls, trace: Trace) -> TraceTensors:
+    def load(cls, trace: ReplayTrace) -> TraceTensors:
         """Read every layer's keys and, if stored, values, converted to float32 once.
 
         Every decode step reads every layer's keys, so the conversion pays for itself; the
