@@ -7,6 +7,7 @@ real audio only.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from kvsim.replay.engine import PolicySpec, ReplayConfig, RunResult, replay_trac
 from kvsim.replay.padding import PaddingDroppedTrace
 from kvsim.synth import SynthConfig, synthesize
 from kvsim.trace import Trace, write_trace
+from kvsim.trace.writer import TraceData
 from tests.float32_bounds import logit_bound, softmax_rel_bound
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +43,7 @@ class _PaddingRecorder(Policy):
 
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         self.n_layers = ctx.heads.n_layers
+        self.window = [view.audio_attention(la).copy() for la in range(self.n_layers)]
         return full_tiers(ctx)
 
     def decode_step(self, view: StepView) -> None:
@@ -48,24 +51,47 @@ class _PaddingRecorder(Policy):
         return None
 
 
-def _write(path: Path, n_pad: int | None) -> Trace:
-    """A small synthetic trace (with values) whose last ``n_pad`` audio tokens are marked as
-    padding; ``None``: no padding column (a trace recorded before padding was kept)."""
-    data = synthesize(SynthConfig(preset="small", audio_seconds=12, decode_steps=10, seed=7))
-    if n_pad is not None:
-        kinds = data.positions["kind"].to_numpy()
-        audio = np.flatnonzero(kinds == "audio")
-        pad = np.zeros(len(kinds), dtype=bool)
-        pad[audio[len(audio) - n_pad:]] = True
-        data.positions = data.positions.with_columns(pl.Series("padding", pad))
-    return Trace(write_trace(path, data))
+def _synth() -> TraceData:
+    return synthesize(SynthConfig(preset="small", audio_seconds=12, decode_steps=10, seed=7))
+
+
+def _marked(n_pad: int) -> tuple[TraceData, np.ndarray]:
+    """The synthetic trace with its last ``n_pad`` audio tokens marked as padding, and the
+    (N,) padding mask."""
+    data = _synth()
+    kinds = data.positions["kind"].to_numpy()
+    audio = np.flatnonzero(kinds == "audio")
+    pad = np.zeros(len(kinds), dtype=bool)
+    pad[audio[len(audio) - n_pad:]] = True
+    data.positions = data.positions.with_columns(pl.Series("padding", pad))
+    return data, pad
+
+
+def _cut(data: TraceData, pad: np.ndarray) -> TraceData:
+    """The same trace recorded without the padding tokens: their keys, values, queries and
+    rows removed, the positions renumbered."""
+    keep = ~pad
+    q_keep = keep[data.query_positions]
+    qpos = (np.cumsum(keep) - 1)[data.query_positions[q_keep]]
+    positions = data.positions.filter(pl.Series(keep)).drop("padding")
+    qidx = np.full(positions.height, -1, dtype=np.int64)
+    qidx[qpos] = np.arange(len(qpos))
+    positions = positions.with_columns(pl.Series("position", np.arange(positions.height)),
+                                       pl.Series("query_index", qidx))
+    meta = dataclasses.replace(data.meta, n_positions=int(keep.sum()),
+                               n_prefill=data.meta.n_prefill - int(pad.sum()))
+    return TraceData(meta=meta, keys=data.keys[:, :, keep], values=data.values[:, :, keep],
+                     queries=data.queries[:, :, q_keep], query_positions=qpos,
+                     positions=positions, head_scores=data.head_scores)
 
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> tuple[Trace, Trace]:
     """(the trace with its padding marked, the same trace without the padding column)."""
     d = tmp_path_factory.mktemp("padding")
-    return _write(d / "pad.kvtrace", N_PAD), _write(d / "plain.kvtrace", None)
+    marked, _ = _marked(N_PAD)
+    return (Trace(write_trace(d / "pad.kvtrace", marked)),
+            Trace(write_trace(d / "plain.kvtrace", _synth())))
 
 
 SPECS = [PolicySpec("full", 1.0), PolicySpec("snapkv", 0.2), PolicySpec("streaming", 0.3),
@@ -155,6 +181,55 @@ def test_drop_attention_is_a_softmax_over_the_non_padding_keys(traces: tuple[Tra
                 counted = (with_pad / with_pad.sum())[real_audio]
                 told_apart.append(bool((np.abs(counted - ref) > bound).any()))
     assert np.mean(told_apart) > 0.5, np.mean(told_apart)
+
+
+def test_drop_prefill_view_is_the_window_without_padding_over_the_real_audio(
+        traces: tuple[Trace, Trace]) -> None:
+    """At prefill a policy sees the observation window's non-padding queries (the synthetic
+    window's 20 audio queries are all padding: 12 text queries remain), each a float64 softmax
+    over the non-padding keys up to its own position, within the float32 bounds."""
+    marked, _ = traces
+    (run,) = _runs(marked, "drop", [PolicySpec("_test_padding_recorder", 1.0)])
+    m = marked.meta
+    g = m.model.n_q_heads // m.model.n_kv_heads
+    pad = marked.padding_positions
+    real_audio = np.setdiff1d(marked.audio_positions, pad)
+    window = np.setdiff1d(marked.window_positions, pad)
+    assert len(marked.window_positions) == 32 and len(window) == 12
+    for layer in (0, m.model.n_layers - 1):
+        got = run.policy.window[layer]  # (H_q, W, T_a - n_pad)
+        assert got.shape == (m.model.n_q_heads, 12, len(real_audio))
+        for w, p in enumerate(window):
+            kept = np.setdiff1d(np.arange(p + 1), pad)
+            q = marked.queries(layer)[:, marked.query_index(int(p))].astype(np.float64)
+            k = marked.keys(layer)[:, kept].astype(np.float64)
+            for h in range(m.model.n_q_heads):
+                logits = k[h // g] @ q[h] / np.sqrt(m.model.head_dim)
+                e = np.exp(logits - logits.max())
+                ref = (e / e.sum())[np.isin(kept, real_audio)]
+                bound = ref * softmax_rel_bound(logit_bound(q[h], k[h // g]), len(kept))
+                np.testing.assert_array_less(np.abs(got[h, w] - ref), bound + 1e-30)
+
+
+def test_drop_is_the_trace_recorded_without_the_padding(traces: tuple[Trace, Trace],
+                                                         tmp_path: Path) -> None:
+    """End to end: ``drop`` on the marked trace replays bit for bit like ``count`` on the same
+    trace with the padding tokens physically cut out (keys, values, queries, positions): the
+    same tiers, step logs, per-head recall and every summary figure (output error included,
+    so values are cut alike)."""
+    marked, _ = traces
+    data, pad = _marked(N_PAD)
+    cut = Trace(write_trace(tmp_path / "cut.kvtrace", _cut(data, pad)))
+    assert cut.n_audio == marked.n_audio - N_PAD
+    varying = ("trace", "padding", "policy_seconds")
+    for d, c in zip(_runs(marked, "drop"), _runs(cut, "count"), strict=True):
+        assert {k: v for k, v in d.summary.items() if k not in varying} == \
+            {k: v for k, v in c.summary.items() if k not in varying}
+        assert d.step_log.drop("policy_seconds", strict=False).equals(
+            c.step_log.drop("policy_seconds", strict=False))
+        assert all(np.array_equal(x, y) for x, y in zip(d.tiers, c.tiers, strict=True))
+        np.testing.assert_array_equal(d.per_head_recall, c.per_head_recall)
+        assert d.facts == c.facts
 
 
 def test_drop_on_a_trace_without_recorded_padding_is_one_line(traces: tuple[Trace, Trace],
