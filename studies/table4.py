@@ -59,6 +59,7 @@ class Table4Config:
     max_new_tokens: int = 300
     heads: Path | None = Path("minivox/heads.json")
     calibration_traces: tuple[Path, ...] = ()
+    lambda_fit: str = "measured"  #: λ fit on calibration_traces: measured (WnW §3.4) | prefill
     gpus: tuple[str, ...] = ("h100-sxm", "a100-80gb")
     sim_model: str = "voxtral-mini-3b"
     runtime: str = "hf-eager"
@@ -76,7 +77,8 @@ def sweep_plan(cfg: Table4Config, n_heads: int, scores) -> tuple[list[PlanItem],
     any) and the frame mapping each paper count to its ``n_voice`` and plan label."""
     from kvsim.studies.wnw_lambda import calibration_contexts, lambda_of, wnw_items
 
-    ctxs = calibration_contexts(cfg.calibration_traces, scores) if cfg.calibration_traces else None
+    ctxs = (calibration_contexts(cfg.calibration_traces, scores, cfg.lambda_fit)
+            if cfg.calibration_traces else None)
     anchors = min(cfg.n_anchor, n_heads)
     plan: list[PlanItem] = []
     rows = []

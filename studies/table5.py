@@ -265,6 +265,7 @@ class Table5Config:
     max_seconds: float | None = None  #: crop each clip (and its reference) to this length
     heads: Path | None = Path("minivox/heads.json")
     calibration_traces: tuple[Path, ...] = ()
+    lambda_fit: str = "measured"  #: λ fit on calibration_traces: measured (WnW §3.4) | prefill
     live_runs: tuple[Path, ...] = ()
     runs_only: bool = False
     grid: GridSpec = field(default_factory=GridSpec)
@@ -290,7 +291,8 @@ def build_plan(cfg: Table5Config, scores) -> list[PlanItem]:
 
     wnw: list[PlanItem] = []
     if "wnw" in cfg.methods:
-        ctxs = calibration_contexts(cfg.calibration_traces, scores) if cfg.calibration_traces else None
+        ctxs = (calibration_contexts(cfg.calibration_traces, scores, cfg.lambda_fit)
+                if cfg.calibration_traces else None)
         wnw = wnw_items(cfg.budgets, ctxs)
     return table5_plan(cfg.methods, cfg.budgets, wnw)
 

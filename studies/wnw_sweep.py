@@ -30,6 +30,7 @@ from kvsim.policies._wnw_layout import ANCHOR, TIDAL
 from kvsim.policies.base import HeadScores, PolicyContext
 from kvsim.policies.spec import PolicySpec
 from kvsim.policies.wnw_calibrate import fit_lambda
+from kvsim.studies.wnw_lambda import CalibrationSet, calibration_contexts
 
 #: WnW §3.4: Voxtral-mini-3b has "L×H_kv = 240" KV-heads; the paper's head counts are of these.
 PAPER_KV_HEADS = 240
@@ -104,11 +105,15 @@ def trace_contexts(paths: Sequence[Path], scores: HeadScores | None) -> list[Pol
     return out
 
 
-def fit_lambdas(settings: Sequence[Setting], contexts: Sequence[PolicyContext]) -> dict:
-    """λ per distinct setting fitted on ``contexts`` (WnW §3.8 A1, §3.4); ``{}`` without
-    contexts (each input then fits its own λ)."""
+def fit_lambdas(settings: Sequence[Setting],
+                contexts: CalibrationSet | Sequence[PolicyContext] | None) -> dict:
+    """λ per distinct setting fitted on ``contexts`` (WnW §3.8 A1, §3.4: a
+    :class:`CalibrationSet` under its fit, plain contexts under the prefill fit); ``{}``
+    without contexts (each input then fits its own λ)."""
     if not contexts:
         return {}
+    if isinstance(contexts, CalibrationSet):
+        return {s.key: contexts.lam(s.budget, **dict(s.params)) for s in unique_runs(settings)}
     return {s.key: fit_lambda(contexts, s.budget, **dict(s.params)) for s in unique_runs(settings)}
 
 
@@ -274,6 +279,7 @@ class SweepOptions:
     max_new_tokens: int = 300
     grid: Any = None  #: a :class:`kvsim.studies.live_grid.GridSpec`
     max_steps: int | None = None
+    lambda_fit: str = "measured"  #: λ fit on the calibration traces: measured (§3.4) | prefill
 
 
 def run_sweep(settings: Sequence[Setting], opts: SweepOptions,
@@ -283,9 +289,11 @@ def run_sweep(settings: Sequence[Setting], opts: SweepOptions,
     from kvsim.trace.heads import read_heads
 
     scores = read_heads(opts.heads) if opts.heads else None
-    lams = fit_lambdas(settings, trace_contexts(opts.calibration_traces, scores))
+    calib = (calibration_contexts(opts.calibration_traces, scores, opts.lambda_fit)
+             if opts.calibration_traces else None)
     replay = live = None
     with CollectedWarnings() as caught:
+        lams = fit_lambdas(settings, calib)
         if opts.traces:
             replay = replay_settings(settings, lams, opts.traces, scores, opts.max_steps, log)
         if opts.live_out is not None:
@@ -310,8 +318,8 @@ def _lambda_note(opts: SweepOptions, lams: dict, caught: CollectedWarnings) -> s
     if lams:
         names = ", ".join(Path(p).name for p in opts.calibration_traces)
         return (f"λ: fitted per setting × r_GPU on {len(opts.calibration_traces)} calibration "
-                f"trace(s) ({names}) so that the mean prefill r_GPU meets the target (WnW §3.4, "
-                "§3.8 A1); column λ.")
+                f"trace(s) ({names}) as the largest λ whose mean {opts.lambda_fit} r_GPU is at "
+                "most the target (WnW §3.4, §3.8 A1); column λ.")
     said = " (WnW warned so)" if caught.per_input_lambda else ""
     return ("λ: no calibration traces given, so WnW fitted λ on each input itself (its "
             f"per-input λ, not the paper's calibration-set λ){said}; column λ is the mean over "

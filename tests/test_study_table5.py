@@ -99,11 +99,13 @@ def test_lambda_per_budget_plan():
 
     trace = ROOT / "traces" / "minivox-test_30_60-00013.kvtrace"
     scores = read_heads(ROOT / "minivox" / "heads.json")
-    cfg = Table5Config(methods=("full", "wnw", "snapkv"), budgets=(0.2, 0.4, 0.8), calibration_traces=(trace,))
+    # the prefill fit (cheap); the measured default: tests/test_wnw_lambda_measured.py
+    cfg = Table5Config(methods=("full", "wnw", "snapkv"), budgets=(0.2, 0.4, 0.8),
+                       calibration_traces=(trace,), lambda_fit="prefill")
     plan = build_plan(cfg, scores)
     wnw = [p for p in plan if p.spec.name == "wnw"]
     assert [p.spec.budget for p in wnw] == [0.2, 0.4, 0.8]  # one item per budget
-    ctxs = calibration_contexts([trace], scores)
+    ctxs = calibration_contexts([trace], scores, "prefill")
     lams = [fit_lambda(ctxs, b) for b in (0.2, 0.4, 0.8)]
     assert [p.spec.params["lam"] for p in wnw] == pytest.approx(lams, rel=1e-5)  # printed to 6 digits
     assert lams[0] < lams[1] < lams[2]  # a larger target keeps more: a larger λ

@@ -16,6 +16,7 @@ import pytest
 
 from kvsim.policies import _wnw_layout
 from kvsim.policies.registry import make
+from kvsim.policies.wnw import WnWBudgetWarning
 from kvsim.policies.wnw_calibrate import fit_lambda
 from kvsim.replay.wnw_lambda import (
     calibration_replayers,
@@ -66,9 +67,10 @@ def test_prefill_fit_is_above_the_measured_fit_when_recalls_happen(replayers) ->
     assert prefill == fit.lam_prefill > fit.lam
 
 
-def test_infeasible_target_is_an_error(replayers) -> None:
-    with pytest.raises(ValueError, match="measured r_GPU is already"):
-        search_lambda_measured(replayers, 0.2, **PARAMS)  # the anchor alone keeps ~0.3
+def test_infeasible_target_warns_and_keeps_lambda_zero(replayers) -> None:
+    with pytest.warns(WnWBudgetWarning, match="measured r_GPU is already"):
+        fit = search_lambda_measured(replayers, 0.2, **PARAMS)  # the anchor alone keeps ~0.3
+    assert fit.lam == 0.0 and fit.r_gpu > 0.2 and fit.step == 0.0
 
 
 def test_traces_without_decode_steps_are_refused_in_one_line(tmp_path: Path) -> None:
@@ -104,3 +106,25 @@ def test_paper_constants_are_unchanged() -> None:
     assert (pol.min_per_segment, pol.budget_mode, pol.lam) == (0, "paper", None)
     assert _wnw_layout.PAPER_VOICE_FRACTION == (
         (0.2, 90 / 240), (0.4, 50 / 240), (0.6, 30 / 240), (0.8, 30 / 240))
+
+
+def test_studies_fit_on_the_measured_r_gpu_by_default(tmp_path: Path) -> None:
+    from kvsim.studies.wnw_lambda import calibration_contexts, wnw_items
+    from kvsim.studies.wnw_sweep import Setting, fit_lambdas
+
+    path = _trace(tmp_path, 0, 24)
+    measured = fit_lambda_measured([path], 0.4, **PARAMS)
+    prefill = fit_lambda([r.ctx for r in calibration_replayers([path], None)], 0.4, **PARAMS)
+    for fit, lam in (("measured", measured), ("prefill", prefill)):
+        how = {} if fit == "measured" else {"fit": fit}  # measured: the default
+        calib = calibration_contexts([path], None, **how)
+        (item,) = wnw_items([0.4], calib, **PARAMS)
+        assert item.spec.params["lam"] == pytest.approx(lam, rel=1e-5)  # printed to 6 digits
+        setting = Setting("A1", "x", budget=0.4, params=tuple(PARAMS.items()))
+        assert fit_lambdas([setting], calib) == {setting.key: lam}
+
+
+def test_no_recall_room_returns_the_prefill_fit(replayers) -> None:
+    """At r = 1 the prefill fit keeps everything, so nothing is recalled: its λ is the fit."""
+    fit = search_lambda_measured(replayers, 1.0, **PARAMS)
+    assert fit.lam == fit.lam_prefill > 0 and fit.r_gpu == 1.0 and fit.step == 0.0

@@ -32,6 +32,7 @@ import numpy as np
 
 from kvsim.policies.base import HeadScores
 from kvsim.policies.spec import PolicySpec
+from kvsim.policies.wnw import WnWBudgetWarning
 from kvsim.policies.wnw_calibrate import fit_lambda
 from kvsim.replay.engine import ReplayConfig, Replayer
 from kvsim.trace.reader import Trace
@@ -42,8 +43,9 @@ class MeasuredFit:
     """The result of :func:`search_lambda_measured`.
 
     ``lam`` is the fitted λ and ``r_gpu`` its mean measured r_GPU on the calibration traces;
-    ``step`` the width of the final bracket (λ + step measures above the target, unless
-    ``lam`` is the prefill fit's ``lam_prefill``, the search's upper end); ``evaluated`` every
+    ``step`` the width of the final bracket (λ + step measures above the target; 0 when the
+    target is not bracketed: ``lam`` is then the prefill fit's ``lam_prefill``, the search's
+    upper end, measuring at most the target, or 0 measuring above it); ``evaluated`` every
     (λ, mean measured r_GPU) replayed, sorted by λ.
     """
 
@@ -96,25 +98,28 @@ def search_lambda_measured(replayers: Sequence[Replayer], target: float, passes:
     """Largest λ whose mean measured r_GPU over ``replayers`` is at most ``target`` (§3.4).
 
     ``params`` are WnW's other hyperparameters (they enter the fit). The bracket starts at
-    [0, prefill-fit λ] and shrinks by ``per_pass + 1`` per pass. Raises ``ValueError`` when
-    even λ = 0 measures above the target.
+    [0, prefill-fit λ] and shrinks by ``per_pass + 1`` per pass. When even λ = 0 measures
+    above the target (recalls alone exceed it), warns (:class:`WnWBudgetWarning`) and returns
+    λ = 0, the closest feasible setting, with its r_GPU over the target.
     """
     lam_hi = fit_lambda([r.ctx for r in replayers], target, **params)
     seen: dict[float, float] = {}
     ends = [0.0, lam_hi] if lam_hi > 0 else [0.0]
     seen.update(zip(ends, measured_r_gpu(replayers, target, ends, **params), strict=True))
     if seen[0.0] > target + 1e-12:
-        raise ValueError(f"wnw: at λ = 0 the measured r_GPU is already {seen[0.0]:.4f}, over the "
-                         f"target r={target:g} (recalls alone exceed it); raise the budget")
-    lo, hi = 0.0, lam_hi
-    for _ in range(passes if seen[lam_hi] > target + 1e-12 else 0):
+        warnings.warn(f"wnw λ fit: at λ = 0 the measured r_GPU is already {seen[0.0]:.4f}, over "
+                      f"the target r={target:g} (recalls alone exceed it); using λ = 0",
+                      WnWBudgetWarning, stacklevel=2)
+    lo, hi = (lam_hi, lam_hi) if seen[lam_hi] <= target + 1e-12 else (0.0, lam_hi)
+    bracketed = seen[0.0] <= target + 1e-12 < seen[lam_hi]
+    for _ in range(passes if bracketed else 0):
         grid = list(np.linspace(lo, hi, per_pass + 2)[1:-1])
         seen.update(zip(grid, measured_r_gpu(replayers, target, grid, **params), strict=True))
         inside = [lam for lam in sorted(seen) if lo <= lam <= hi]
         lo = max(lam for lam in inside if seen[lam] <= target + 1e-12)
         hi = min(lam for lam in inside if lam > lo)
     _warn_if_not_monotone(seen)
-    step = 0.0 if lo == lam_hi else hi - lo
+    step = hi - lo if bracketed else 0.0
     return MeasuredFit(lam=float(lo), r_gpu=float(seen[lo]), step=float(step),
                        lam_prefill=float(lam_hi),
                        evaluated=tuple((float(k), float(seen[k])) for k in sorted(seen)))
