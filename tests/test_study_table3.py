@@ -49,7 +49,8 @@ def test_head_counts_scale_to_the_models_share() -> None:
 def replayed(tmp_path_factory):
     out = tmp_path_factory.mktemp("t3")
     res = CliRunner().invoke(app, ["study", "table3", str(TRACE), "--no-live", "--max-steps", "6",
-                                   "--calibration-traces", str(TRACE), "-o", str(out)])
+                                   "--calibration-traces", str(TRACE), "--lambda-fit", "prefill",  # cheap fit
+                                   "-o", str(out)])
     assert res.exit_code == 0, res.output
     return out
 
@@ -59,7 +60,7 @@ def test_replay_report_files_and_paper_column(replayed) -> None:
         assert (replayed / name).exists(), name
     md = (replayed / "table3.md").read_text()
     assert "51.920" in md and "124.660" in md and "n_voice=11, n_anchor=2" in md
-    assert "λ: fitted per setting" in md
+    assert "λ: fitted per setting" in md and "mean prefill r_GPU" in md  # --lambda-fit
 
 
 def test_a1_tidal_heads_grow_with_n_voice_at_one_lambda(replayed) -> None:

@@ -19,6 +19,7 @@ NoReplayOption = Annotated[bool, typer.Option("--no-replay", help="Live decoding
 ModelOption = Annotated[str, typer.Option("--model", help="Live backbone (minivox; tiny = the random test backbone)")]
 DeviceOption = Annotated[str, typer.Option("--device", help="Live device (cpu, cuda)")]
 RayOption = Annotated[str | None, typer.Option("--ray", help="Decode the live grid as Ray tasks on this cluster ('local' for a local Ray)")]
+LambdaFitOption = Annotated[str, typer.Option("--lambda-fit", help="How λ is fitted on --calibration-traces: measured (decode-time r_GPU with recalls, WnW §3.4) or prefill (prefill r_GPU only)")]
 MaxStepsOption = Annotated[int | None, typer.Option("--max-steps", help="Replay only the first N >= 1 decode steps of each trace")]
 
 
@@ -40,6 +41,7 @@ class SweepArgs:
     max_steps: int | None
     quick: bool
     out: Path
+    lambda_fit: str = "measured"
 
 
 def default_heads() -> Path:
@@ -78,5 +80,6 @@ def sweep_options(args: SweepArgs):
         traces=traces, heads=heads, calibration_traces=calib,
         live_out=None if args.no_live else args.out / "live", dataset_root=args.dataset_root,
         limit=min(args.limit, 2) if args.quick else args.limit, max_new_tokens=args.max_new_tokens,
-        grid=GridSpec(model=args.model, device=args.device, ray=args.ray), max_steps=args.max_steps)
+        grid=GridSpec(model=args.model, device=args.device, ray=args.ray), max_steps=args.max_steps,
+        lambda_fit=args.lambda_fit)
     return opts, n_heads

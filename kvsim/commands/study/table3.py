@@ -12,6 +12,7 @@ from kvsim.commands.study._wnw_sweep import (
     DatasetRootOption,
     DeviceOption,
     HeadsOption,
+    LambdaFitOption,
     LimitOption,
     MaxNewOption,
     MaxStepsOption,
@@ -29,6 +30,7 @@ def table3(
     traces: TracesArg = None,
     calibration: HeadsOption = None,
     calibration_traces: CalibTracesOption = None,
+    lambda_fit: LambdaFitOption = "measured",
     dataset_root: DatasetRootOption = Path("data/minivox"),
     limit: LimitOption = 8,
     max_new_tokens: MaxNewOption = 300,
@@ -52,7 +54,8 @@ def table3(
     t0 = time.perf_counter()
     out = default_out("table3", out)
     args = SweepArgs(traces, calibration, calibration_traces, dataset_root, limit, max_new_tokens,
-                     no_live, no_replay, model, device, ray, max_steps, quick, out)
+                     no_live, no_replay, model, device, ray, max_steps, quick, out,
+                     lambda_fit=lambda_fit)
     try:
         opts, n_heads = sweep_options(args)
         report = table3_report(opts, n_heads, quick=quick,

@@ -36,6 +36,7 @@ def table4(
     max_new_tokens: Annotated[int, typer.Option(help="Token cap per clip")] = 300,
     heads: Annotated[Path, typer.Option(help="heads.json of the model (WnW's head scores)")] = Path("minivox/heads.json"),
     calibration_traces: Annotated[list[str] | None, typer.Option(help="Traces to fit λ per tidal count on (WnW §3.4); repeat or comma-separate")] = None,
+    lambda_fit: Annotated[str, typer.Option(help="How λ is fitted on the calibration traces: measured (decode-time r_GPU with recalls, WnW §3.4) or prefill")] = "measured",
     gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPU presets to simulate on, comma-separated")] = "h100-sxm,a100-80gb",
     sim_model: Annotated[str, typer.Option(help="Model preset whose geometry the step logs are simulated on")] = "voxtral-mini-3b",
     runtime: Annotated[str, typer.Option(help="Host runtime preset of the simulation")] = "hf-eager",
@@ -63,6 +64,7 @@ def table4(
             dataset_root=dataset_root, split=split, limit=limit, tidal=counts, budget=budget,
             n_anchor=n_anchor, max_new_tokens=max_new_tokens, heads=heads,
             calibration_traces=tuple(Path(p) for p in _split(calibration_traces)),
+            lambda_fit=lambda_fit,
             gpus=tuple(_split([gpu])), sim_model=sim_model, runtime=runtime,
             grid=GridSpec(model=model, device=device, ray=ray))
         if quick:

@@ -26,6 +26,7 @@ def table5(
     max_seconds: Annotated[float | None, typer.Option(help="Crop each clip (and its reference) to this length")] = None,
     heads: Annotated[Path, typer.Option(help="heads.json for WnW / AudioKV")] = Path("minivox/heads.json"),
     calibration_traces: Annotated[list[str] | None, typer.Option(help="Traces to fit WnW's λ per budget on (WnW §3.4); repeat or comma-separate")] = None,
+    lambda_fit: Annotated[str, typer.Option(help="How λ is fitted on the calibration traces: measured (decode-time r_GPU with recalls, WnW §3.4) or prefill")] = "measured",
     live_runs: Annotated[list[str] | None, typer.Option(help="Existing kvsim live run folders to read instead of decoding; repeat or comma-separate")] = None,
     runs_only: Annotated[bool, typer.Option("--runs-only", help="With --live-runs: the table of what they hold, decode nothing")] = False,
     model: Annotated[str, typer.Option("--model", "-m", help="Backbone (minivox; tiny for tests)")] = "minivox",
@@ -53,6 +54,7 @@ def table5(
             budgets=tuple(parse_budgets(budget)), max_new_tokens=max_new_tokens, max_seconds=max_seconds,
             heads=heads,
             calibration_traces=tuple(Path(p) for p in _split(calibration_traces)),
+            lambda_fit=lambda_fit,
             live_runs=tuple(Path(p) for p in _split(live_runs)), runs_only=runs_only,
             grid=GridSpec(model=model, device=device, ray=ray))
         if quick:
