@@ -44,7 +44,7 @@ def replayers(tmp_path_factory: pytest.TempPathFactory):
     return calibration_replayers([Trace(_trace(tmp, seed, 24)) for seed in (0, 1)], None)
 
 
-@pytest.mark.parametrize("target", [0.4, 0.6])
+@pytest.mark.parametrize("target", [0.4, 0.6, 0.8])
 def test_fitted_lambda_is_at_most_the_target_and_within_one_step(replayers, target) -> None:
     fit = search_lambda_measured(replayers, target, **PARAMS)
     (again,) = measured_r_gpu(replayers, target, [fit.lam], **PARAMS)

@@ -3,8 +3,9 @@
 The paper: "For WnW, we select λ on the calibration set so that the measured r_GPU matches
 each target". Its measured r_GPU (WnW Tables 4 and 5) is the decode-time mean GPU-resident
 fraction of the audio KV, recalled chunks included: replay's ``r_gpu``. Recalls come on top
-of the prefill retention, so the measured fit's λ is at most the prefill fit's
-(:func:`kvsim.policies.wnw_calibrate.fit_lambda`), which bounds the search from above.
+of the prefill retention and released segments leave it, so the measured fit's λ lies below
+the prefill fit's (:func:`kvsim.policies.wnw_calibrate.fit_lambda`) where recalls dominate
+and above it where releases do.
 
 Rule: the largest λ whose mean measured r_GPU over the calibration traces is at most the
 target (never above it on the calibration set). The paper's measured figures are on the
@@ -44,8 +45,8 @@ class MeasuredFit:
 
     ``lam`` is the fitted λ and ``r_gpu`` its mean measured r_GPU on the calibration traces;
     ``step`` the width of the final bracket (λ + step measures above the target; 0 when the
-    target is not bracketed: ``lam`` is then the prefill fit's ``lam_prefill``, the search's
-    upper end, measuring at most the target, or 0 measuring above it); ``evaluated`` every
+    target is not bracketed: ``lam`` is then the λ keeping everything, measuring at most the
+    target, or 0 measuring above it); ``lam_prefill`` the prefill fit's λ; ``evaluated`` every
     (λ, mean measured r_GPU) replayed, sorted by λ.
     """
 
@@ -98,7 +99,10 @@ def search_lambda_measured(replayers: Sequence[Replayer], target: float, passes:
     """Largest λ whose mean measured r_GPU over ``replayers`` is at most ``target`` (§3.4).
 
     ``params`` are WnW's other hyperparameters (they enter the fit). The bracket starts at
-    [0, prefill-fit λ] and shrinks by ``per_pass + 1`` per pass. When even λ = 0 measures
+    [0, prefill-fit λ] (measured r_GPU ≥ prefill r_GPU when recalls dominate); when the
+    prefill-fit λ measures under the target (released segments outweigh recalls) a geometric
+    pass up to the λ that keeps everything at prefill brackets it. It shrinks by
+    ``per_pass + 1`` per pass. When even λ = 0 measures
     above the target (recalls alone exceed it), warns (:class:`WnWBudgetWarning`) and returns
     λ = 0, the closest feasible setting, with its r_GPU over the target.
     """
@@ -110,19 +114,32 @@ def search_lambda_measured(replayers: Sequence[Replayer], target: float, passes:
         warnings.warn(f"wnw λ fit: at λ = 0 the measured r_GPU is already {seen[0.0]:.4f}, over "
                       f"the target r={target:g} (recalls alone exceed it); using λ = 0",
                       WnWBudgetWarning, stacklevel=2)
-    lo, hi = (lam_hi, lam_hi) if seen[lam_hi] <= target + 1e-12 else (0.0, lam_hi)
-    bracketed = seen[0.0] <= target + 1e-12 < seen[lam_hi]
+    lo, hi = 0.0, lam_hi
+    lam_top = fit_lambda([r.ctx for r in replayers], 1.0, **params)  # prefill keeps all
+    if seen[lam_hi] <= target + 1e-12 and lam_top > lam_hi:  # releases outweigh recalls
+        grid = list(np.geomspace(lam_hi, lam_top, per_pass + 2)[1:])
+        seen.update(zip(grid, measured_r_gpu(replayers, target, grid, **params), strict=True))
+        lo, hi = _bracket(seen, lam_hi, lam_top, target)
+    if seen[hi] <= target + 1e-12:  # even the top of the range measures under the target
+        lo = hi
+    bracketed = seen[lo] <= target + 1e-12 < seen[hi]
     for _ in range(passes if bracketed else 0):
         grid = list(np.linspace(lo, hi, per_pass + 2)[1:-1])
         seen.update(zip(grid, measured_r_gpu(replayers, target, grid, **params), strict=True))
-        inside = [lam for lam in sorted(seen) if lo <= lam <= hi]
-        lo = max(lam for lam in inside if seen[lam] <= target + 1e-12)
-        hi = min(lam for lam in inside if lam > lo)
+        lo, hi = _bracket(seen, lo, hi, target)
     _warn_if_not_monotone(seen)
     step = hi - lo if bracketed else 0.0
     return MeasuredFit(lam=float(lo), r_gpu=float(seen[lo]), step=float(step),
                        lam_prefill=float(lam_hi),
                        evaluated=tuple((float(k), float(seen[k])) for k in sorted(seen)))
+
+
+def _bracket(seen: dict[float, float], lo: float, hi: float, target: float) -> tuple[float, float]:
+    """The largest replayed λ in [lo, hi] measuring at most ``target`` and the next one."""
+    inside = [lam for lam in sorted(seen) if lo <= lam <= hi]
+    fits = [lam for lam in inside if seen[lam] <= target + 1e-12]
+    low = max(fits) if fits else lo
+    return low, min((lam for lam in inside if lam > low), default=low)
 
 
 def _warn_if_not_monotone(seen: dict[float, float]) -> None:
