@@ -76,6 +76,19 @@ class Table5Info:
     split: str = "test_30_60"
     model: str = "minivox"
     max_seconds: float | None = None  #: clips (and references) cropped to this length
+    lambda_fit: str = "measured"  #: how ``lambdas`` were fitted (measured | prefill)
+
+
+def run_lambdas(runs: pl.DataFrame) -> dict[float, float | None]:
+    """budget -> the λ WnW's runs carry in their labels (``wnw:lam=...``); empty without."""
+    if "label" not in runs.columns:
+        return {}
+    out: dict[float, float | None] = {}
+    for label, budget in runs.select("label", "budget").unique().iter_rows():
+        m = re.search(r"^wnw\b.*?lam=([0-9.eE+-]+)", label)
+        if m:
+            out[float(budget)] = float(m.group(1))
+    return out
 
 
 def table5_plan(methods: Sequence[str], budgets: Sequence[float],
@@ -223,11 +236,17 @@ def table5_report(runs: pl.DataFrame, budgets: Sequence[float], info: Table5Info
 
 def table5_notes(runs: pl.DataFrame, info: Table5Info) -> list[str]:
     """What was run, how WnW's λ was set, where the runs came from, how to read the tables."""
-    lam = info.lambdas
+    fitted = bool(info.lambdas) and all(v is not None for v in info.lambdas.values())
+    lam = info.lambdas if fitted else (run_lambdas(runs) or info.lambdas)
     if lam and all(v is not None for v in lam.values()):
-        lam_note = ("WnW's λ was fitted per target on the calibration traces (WnW §3.4: the "
-                    "largest λ whose mean prefill r_GPU is at most the target): "
-                    + ", ".join(f"r = {b:g}: λ = {v:.4g}" for b, v in sorted(lam.items())) + ".")
+        how = {"measured": "WnW §3.4: the largest λ whose mean measured r_GPU, recalls included, "
+                           "is at most the target",
+               "prefill": "the prefill fit: the largest λ whose mean prefill r_GPU is at most "
+                          "the target"}
+        source = (f"fitted per target on the calibration traces ({how[info.lambda_fit]})"
+                  if fitted else "as recorded in the WnW runs' policy labels")
+        lam_note = (f"WnW's λ per target, {source}: "
+                    + ", ".join(f"r = {b:g}: λ = {v:.6g}" for b, v in sorted(lam.items())) + ".")
     else:
         lam_note = ("WnW's λ was fitted on each input itself (no calibration traces were given): "
                     "a per-input λ, not the paper's calibration-set λ, which keeps every clip's "
@@ -323,7 +342,7 @@ def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print)
         groups = missing_groups(plan, runs, inputs)
         runs = decode_missing(runs, groups, items, cfg, scores, out, log)
     info = Table5Info(inputs=inputs, split=cfg.split, sources=sources, model=cfg.grid.model,
-                      max_seconds=cfg.max_seconds,
+                      max_seconds=cfg.max_seconds, lambda_fit=cfg.lambda_fit,
                       lambdas={p.spec.budget: lambda_of(p) for p in plan if p.spec.name == "wnw"},
                       decoded=sorted({f"{p.spec.label}@{p.spec.budget:g}" for g, _ in groups for p in g}))
     return table5_report(runs, cfg.budgets, info)

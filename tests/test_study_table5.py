@@ -156,3 +156,19 @@ def test_a_run_still_going_is_read_from_its_finished_parts(live_folder, tmp_path
     res = CliRunner().invoke(app, ["study", "table5", "--live-runs", str(going), "--runs-only", "--model", "tiny",
                                    "--max-new-tokens", "7", "-o", str(tmp_path / "o")])
     assert res.exit_code == 2 and "config field 'max_new_tokens' is 6" in res.output
+
+
+def test_lambda_note_reads_the_runs_labels_when_no_fit_was_made():
+    """--runs-only over WnW runs decoded with a given λ: the notes name those λ, not a per-input fit."""
+    import polars as pl
+
+    from kvsim.studies.table5 import Table5Info, run_lambdas, table5_notes
+
+    runs = pl.DataFrame({"input": ["a", "a", "a"], "label": ["wnw:lam=3.05694", "wnw(lam=19.2912)", "snapkv"],
+                         "budget": [0.2, 0.4, 0.2]})
+    assert run_lambdas(runs) == {0.2: 3.05694, 0.4: 19.2912}
+    text = " ".join(table5_notes(runs, Table5Info(inputs=["a"], lambdas={0.2: None, 0.4: None})))
+    assert "λ = 3.05694" in text and "λ = 19.2912" in text and "per-input" not in text
+    assert "policy labels" in text
+    fitted = " ".join(table5_notes(runs, Table5Info(inputs=["a"], lambdas={0.2: 1.5}, lambda_fit="measured")))
+    assert "λ = 1.5" in fitted and "measured r_GPU" in fitted
