@@ -179,12 +179,16 @@ def decay_report(replay: pl.DataFrame, live: pl.DataFrame | None, windows: dict[
         "open-loop ones of `kvsim replay` (top-K Jaccard at K = 100); live WER is the truncated WER "
         "pooled over the clips (WnW §3.5), 'live terminated' the share of clips that ended before "
         "--max-new-tokens.",
-        "Under kvsim's audio-only scope (WnW §3.3) the audio span does not grow while decoding, so "
-        "VoxZip's decode-time eviction never evicts more audio: γ acts through the prefill score, "
-        "where it weights the observation window's queries (the latest most, γ^(W-1-w); "
-        f"W = {window_text}). The paper also decays over the generated tokens, which kvsim keeps "
-        "in full. 'replay recall − γ=1.0' is the change in attention recall that decay buys at "
-        "the same budget.",
+        "kvsim's `voxzip` runs in VoxZip's generation scope (its default): the budget "
+        "floor(r·T_a) per (layer, KV-head) holds the generated tokens too, so every decode step "
+        "evicts the audio token with the lowest decayed score outside the sinks and the recent "
+        "window, and r_GPU (audio kept ÷ audio, the mean over decode steps) falls below r as the "
+        "answer grows. γ acts twice: on the prefill score, where it weights the observation "
+        f"window's queries (the latest most, γ^(W-1-w); W = {window_text}), and on the score each "
+        "decode step adds, which decays the older steps' attention. `voxzip:scope=audio` (WnW "
+        "§3.3's audio-only scope) never evicts after prefill, so there γ acts through the prefill "
+        "score alone. 'replay recall − γ=1.0' is the change in attention recall that decay buys "
+        "at the same budget.",
         f"The last column is VoxZip's own Table 5 on a different model, task and metric "
         f"(Qwen3-Omni-Instruct-30B answering Vox-Infinity questions, accuracy % on the Personal "
         f"Monologues subset, at its {PAPER_BUDGET:.0%} budget); only the two values its text quotes "
