@@ -109,7 +109,7 @@ def _prefill_forward(lm: LiveModel, prompt: LivePrompt, cache: Any) -> tuple[Any
 
     n_layers = lm.layout.n_layers
     pool = LayerAffPool(prompt.layer_pool, n_layers, prompt.audio_positions)
-    with pooling_hooks(decoder_layers(lm.model, n_layers), pool):
+    with pooling_hooks(decoder_layers(lm.model, n_layers, LIVE_ATTN), pool):
         out = lm.model(**prompt.prefill_inputs(), **_cache_kw(lm.model, cache), use_cache=True,
                        logits_to_keep=1)
     pool.shrink_cache(cache)

@@ -229,8 +229,6 @@ class VoxZip(Policy):
         if self.scope == "generation":
             self._keep = generation_scope_keep(self.scores_, self._keep, self._budget,
                                                n_generated, self.n_sink, self.recent_fraction)
-            n_heads = self._keep.shape[0] * self._keep.shape[1]
-            self._capacity = max(self._budget - n_generated, min(self.n_sink, self._budget)) * n_heads
         else:
             self._keep = sink_recent_topn(self.scores_, self._budget, self.n_sink,
                                           self.recent_fraction, allowed=self._keep)
@@ -247,4 +245,7 @@ class VoxZip(Policy):
         return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
 
     def gpu_capacity(self) -> int | None:
+        """The prefill budget over every head: an upper bound at every step (the generation
+        scope only shrinks the resident set, to ``max(b - n_generated, min(n_sink, b))`` per
+        head after ``n_generated`` tokens, which ``tests/test_policy_voxzip.py`` checks)."""
         return self._capacity

@@ -43,10 +43,14 @@ QUICK_GAMMAS = (0.95, 1.0)
 REPLAY_METRICS = ("r_gpu", "attn_recall", "output_error", "topk_jaccard")
 
 
-def decay_specs(gammas: Sequence[float], budgets: Sequence[float]) -> list[PolicySpec]:
-    """``voxzip`` at every γ × budget (γ is VoxZip's decay; the other parameters the paper's).
-    A γ outside (0, 1] is a ValueError naming it, before any work."""
-    specs = [PolicySpec("voxzip", float(b), {"gamma": float(g)}) for b in budgets for g in gammas]
+def decay_specs(gammas: Sequence[float], budgets: Sequence[float],
+                scope: str | None = None) -> list[PolicySpec]:
+    """``voxzip`` at every γ × budget (γ is VoxZip's decay; the other parameters the paper's,
+    ``scope`` VoxZip's generation scope unless given). A γ outside (0, 1] is a ValueError
+    naming it, before any work."""
+    extra = {} if scope is None else {"scope": scope}
+    specs = [PolicySpec("voxzip", float(b), {"gamma": float(g), **extra})
+             for b in budgets for g in gammas]
     for spec in specs[:len(gammas)]:
         spec.make()  # checks gamma
     return specs
@@ -59,13 +63,14 @@ def _gamma_column(frame: pl.DataFrame, specs: Sequence[PolicySpec]) -> pl.DataFr
 
 
 def replay_sweep(traces: Sequence[Trace], gammas: Sequence[float], budgets: Sequence[float],
-                 cfg: ReplayConfig | None = None) -> tuple[pl.DataFrame, list[RunResult]]:
+                 cfg: ReplayConfig | None = None,
+                 scope: str | None = None) -> tuple[pl.DataFrame, list[RunResult]]:
     """Replay every γ × budget on every trace (one shared attention pass per trace).
 
     Returns the replay results frame (one row per trace × γ × budget, with a ``gamma``
     column) and the runs themselves.
     """
-    specs = decay_specs(gammas, budgets)
+    specs = decay_specs(gammas, budgets, scope)
     results: list[RunResult] = []
     for trace in traces:
         results += replay_trace(trace, specs, cfg or ReplayConfig())

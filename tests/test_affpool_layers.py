@@ -92,7 +92,7 @@ def test_masked_prefill_equals_a_physically_shorter_sequence(tiny):
     inner = model.model
     pe = inner.rotary_emb(h, pos_t)
     with torch.no_grad():
-        for layer in decoder_layers(model, N_LAYERS)[1:]:
+        for layer in decoder_layers(model, N_LAYERS, model.config.get_text_config()._attn_implementation)[1:]:
             h = layer(h, attention_mask=None, position_embeddings=pe, position_ids=pos_t)
         ref = model.lm_head(inner.norm(h))[0, -1]
     cache = DynamicCache(config=model.config)
@@ -161,7 +161,7 @@ def test_real_backbone_text_decoder_is_pooled(family, tmp_path_factory):
     lm = load_backbone(str(ckpt))
     prompt = lm.prepare(load_audio(wav, lm.sample_rate).samples)
     n_layers = lm.layout.n_layers
-    assert decoder_layers(lm.model, n_layers)[0].self_attn.config is not None
+    assert decoder_layers(lm.model, n_layers, lm.text_config._attn_implementation)[0].self_attn.config is not None
     cache = DynamicCache(config=lm.model.config)
     with torch.no_grad():
         _prefill_forward(lm, _pooled(lm, prompt, -2.0, n_pool=1), cache)

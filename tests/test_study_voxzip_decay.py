@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-import pytest
 import soundfile as sf
 from typer.testing import CliRunner
 
@@ -45,7 +44,8 @@ def _window_attention(trace: Trace, layer: int) -> np.ndarray:
 
 def test_decayed_score_matches_a_direct_computation(tmp_path: Path) -> None:
     trace = _trace(tmp_path)
-    frame, results = replay_sweep([trace], [0.5, 1.0], [0.3], ReplayConfig(error_stride=4))
+    # the audio-only scope keeps the prefill score (the generation scope adds decode steps to it)
+    frame, results = replay_sweep([trace], [0.5, 1.0], [0.3], ReplayConfig(error_stride=4), scope="audio")
     assert frame["gamma"].to_list() == [0.5, 1.0] and frame["budget"].to_list() == [0.3, 0.3]
     by_gamma = {r.spec.params["gamma"]: r.policy.scores_ for r in results}
     for layer in range(trace.meta.model.n_layers):
@@ -81,10 +81,12 @@ def test_study_end_to_end_replay_and_tiny_live(tmp_path: Path) -> None:
         assert (out / f"voxzip-decay{suffix}").exists(), suffix
     replay = pl.read_parquet(out / "voxzip-decay.parquet")
     assert replay.height == 4 and set(replay["gamma"]) == {0.95, 1.0}
-    # the budget is met per head: r_GPU = floor(r·T_a)/T_a
+    # VoxZip's generation scope: each head starts at b = floor(r·T_a) and loses one audio token
+    # per generated token down to its min(4, b) sinks, so the mean r_GPU lies between the two
     n_audio = trace.n_audio
     for b, r in zip(replay["budget"], replay["r_gpu"], strict=True):
-        assert r == pytest.approx(int(b * n_audio) / n_audio, abs=1e-9)
+        per_head = int(b * n_audio)
+        assert min(4, per_head) / n_audio - 1e-9 <= r <= per_head / n_audio + 1e-9
     # more budget keeps more of the attention, at every γ
     recall = {(b, g): r for b, g, r in replay.select("budget", "gamma", "attn_recall").iter_rows()}
     assert all(recall[(0.3, g)] > recall[(0.05, g)] for g in (0.95, 1.0))

@@ -152,13 +152,12 @@ class LayerAffPool:
             cl.values = cl.values.index_select(2, idx)
 
 
-def decoder_layers(model: torch.nn.Module, n_layers: int) -> torch.nn.ModuleList:
+def decoder_layers(model: torch.nn.Module, n_layers: int, attn: str) -> torch.nn.ModuleList:
     """The text decoder's layers: the ModuleList of ``n_layers`` blocks whose attention runs
-    the live attention (set on the text decoder only, not on an audio encoder)."""
-    from kvsim.live.attention import LIVE_ATTN
-
+    ``attn`` (the text config's attention implementation, e.g. live mode's, which is set on
+    the text decoder only, not on an audio encoder)."""
     for m in model.modules():
-        if _is_live_decoder(m, n_layers, LIVE_ATTN):
+        if _is_live_decoder(m, n_layers, attn):
             return m
     raise ValueError(f"affpool_layers: no text decoder with {n_layers} live-attention layers found")
 
@@ -206,7 +205,7 @@ def measure_retention(lm: Any, prompts: Sequence[Any], cfg: LayerPoolConfig) -> 
     """Mean in-layer AffPool retention of ``prompts`` (LivePrompts of ``lm``) under ``cfg``: one
     prefill forward each, no cache kept."""
     n_layers = lm.layout.n_layers
-    layers = decoder_layers(lm.model, n_layers)
+    layers = decoder_layers(lm.model, n_layers, lm.text_config._attn_implementation)
     values = []
     for prompt in prompts:
         pool = LayerAffPool(cfg, n_layers, prompt.audio_positions)
