@@ -83,3 +83,19 @@ def sweep_options(args: SweepArgs):
         grid=GridSpec(model=args.model, device=args.device, ray=args.ray), max_steps=args.max_steps,
         lambda_fit=args.lambda_fit)
     return opts, n_heads
+
+
+def run_sweep_study(report_fn, args: SweepArgs, t0: float) -> None:
+    """Build a WnW sweep study's report with ``report_fn`` (table3_report, table7_report) from
+    the parsed options and write it; a bad input is one line (exit 2)."""
+    from kvsim.commands._errors import err, fail
+    from kvsim.commands.study import finish
+    from kvsim.live.data import DataError
+    from kvsim.trace.schema import TraceError
+
+    try:
+        opts, n_heads = sweep_options(args)
+        report = report_fn(opts, n_heads, quick=args.quick, log=lambda m: err.print(m, markup=False))
+    except (ValueError, KeyError, FileNotFoundError, TraceError, DataError) as exc:
+        fail(exc)
+    finish(report, args.out, t0)

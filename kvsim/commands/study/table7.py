@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from kvsim.commands._errors import err, fail
-from kvsim.commands.study import OutOption, QuickOption, default_out, finish
+from kvsim.commands.study import OutOption, QuickOption, default_out
 from kvsim.commands.study._wnw_sweep import (
     CalibTracesOption,
     DatasetRootOption,
@@ -22,7 +21,7 @@ from kvsim.commands.study._wnw_sweep import (
     RayOption,
     SweepArgs,
     TracesArg,
-    sweep_options,
+    run_sweep_study,
 )
 
 
@@ -47,22 +46,14 @@ def table7(
 
     --quick: the first and last setting of each sweep, 2 live clips.
     """
-    from kvsim.live.data import DataError
     from kvsim.studies.table7 import table7_report
-    from kvsim.trace.schema import TraceError
 
     t0 = time.perf_counter()
     out = default_out("table7", out)
     args = SweepArgs(traces, calibration, calibration_traces, dataset_root, limit, max_new_tokens,
                      no_live, no_replay, model, device, ray, max_steps, quick, out,
                      lambda_fit=lambda_fit)
-    try:
-        opts, n_heads = sweep_options(args)
-        report = table7_report(opts, n_heads, quick=quick,
-                                 log=lambda m: err.print(m, markup=False))
-    except (ValueError, KeyError, FileNotFoundError, TraceError, DataError) as exc:
-        fail(exc)
-    finish(report, out, t0)
+    run_sweep_study(table7_report, args, t0)
 
 
 COMMAND = table7
