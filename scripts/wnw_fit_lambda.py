@@ -20,6 +20,7 @@ import sys
 
 from kvsim.policies.base import PolicyContext
 from kvsim.policies.wnw_calibrate import fit_lambda_table
+from kvsim.replay.engine import trace_context
 from kvsim.replay.wnw_lambda import calibration_replayers, search_lambda_measured
 from kvsim.specs import _value, parse_budgets
 from kvsim.trace.heads import read_heads
@@ -30,15 +31,7 @@ from kvsim.trace.schema import TraceError
 def contexts(paths: list, heads_file: str | None) -> list[PolicyContext]:
     """The policy context of each trace, as the replay engine builds it."""
     scores = read_heads(heads_file) if heads_file else None
-    out = []
-    for path in find_traces(paths):
-        t = Trace(path)
-        out.append(PolicyContext(
-            heads=t.head_layout, n_audio=len(t.audio_positions),
-            audio_tokens_per_s=t.meta.model.audio_tokens_per_s, n_prefill=t.meta.n_prefill,
-            head_scores=scores if scores is not None else t.head_scores,
-        ))
-    return out
+    return [trace_context(Trace(path), scores) for path in find_traces(paths)]
 
 
 def fit_table(paths: list, heads_file: str | None, budgets: list[float], how: str,

@@ -58,17 +58,14 @@ def calibration_contexts(paths: Sequence[Path], scores: HeadScores | None,
     """The calibration set: each trace's policy context (shapes, T_a, r_tok, head scores), as
     the replay engine builds it; ``scores`` (a heads.json) replaces the traces' own scores;
     ``fit`` is ``measured`` (WnW §3.4, needs decode steps) or ``prefill``."""
+    from kvsim.replay.engine import trace_context
     from kvsim.trace.reader import Trace, find_traces
 
     if fit not in FITS:
         raise ValueError(f"λ fit {fit!r}: expected one of {', '.join(FITS)}")
     found, out = find_traces([str(p) for p in paths]), []
     for path in found:
-        trace = Trace(path)
-        out.append(PolicyContext(
-            heads=trace.head_layout, n_audio=len(trace.audio_positions),
-            audio_tokens_per_s=trace.meta.model.audio_tokens_per_s, n_prefill=trace.meta.n_prefill,
-            head_scores=scores if scores is not None else trace.head_scores))
+        out.append(trace_context(Trace(path), scores))
     if not out:
         raise FileNotFoundError(f"{', '.join(map(str, paths))}: no calibration traces")
     return CalibrationSet(list(found), out, scores, fit)

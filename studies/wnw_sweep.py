@@ -91,20 +91,6 @@ def unique_runs(settings: Sequence[Setting]) -> list[Setting]:
 
 
 # ----------------------------------------------------------------------------- λ
-def trace_contexts(paths: Sequence[Path], scores: HeadScores | None) -> list[PolicyContext]:
-    """The policy context of each calibration trace, as the replay engine builds it."""
-    from kvsim.trace.reader import Trace
-
-    out = []
-    for path in paths:
-        t = Trace(path)
-        out.append(PolicyContext(
-            heads=t.head_layout, n_audio=len(t.audio_positions),
-            audio_tokens_per_s=t.meta.model.audio_tokens_per_s, n_prefill=t.meta.n_prefill,
-            head_scores=scores if scores is not None else t.head_scores))
-    return out
-
-
 def fit_lambdas(settings: Sequence[Setting],
                 contexts: CalibrationSet | Sequence[PolicyContext] | None) -> dict:
     """λ per distinct setting fitted on ``contexts`` (WnW §3.8 A1, §3.4: a

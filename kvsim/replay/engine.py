@@ -131,15 +131,7 @@ class Replayer:
         self.n_audio = len(self.audio)
         self.n_steps = meta.n_decode if self.cfg.max_steps is None else min(meta.n_decode, self.cfg.max_steps)
         self.tensors = TraceTensors.load(trace)
-        scores = self.cfg.head_scores if self.cfg.head_scores is not None else trace.head_scores
-        self.ctx = PolicyContext(
-            heads=self.heads,
-            n_audio=self.n_audio,
-            audio_tokens_per_s=meta.model.audio_tokens_per_s,
-            n_prefill=meta.n_prefill,
-            head_scores=scores,
-            seed=self.cfg.seed,
-        )
+        self.ctx = trace_context(trace, self.cfg.head_scores, self.cfg.seed)
         self.dtype_bytes = np.dtype(meta.model.dtype).itemsize
         self.failures: list[tuple[PolicySpec, str]] = []
 
@@ -226,6 +218,18 @@ class Replayer:
             policy=spec.label, budget=spec.budget,
             audio_tokens_per_s=meta.model.audio_tokens_per_s,
         )
+
+
+def trace_context(trace: Trace | ReplayTrace, head_scores: HeadScores | None = None,
+                  seed: int = 0) -> PolicyContext:
+    """The policy context of ``trace`` as replay hands it to every policy: its head layout,
+    audio span and prompt length, and ``head_scores`` (a calibration file's) or else the
+    trace's own."""
+    meta = trace.meta
+    return PolicyContext(
+        heads=trace.head_layout, n_audio=len(trace.audio_positions),
+        audio_tokens_per_s=meta.model.audio_tokens_per_s, n_prefill=meta.n_prefill,
+        head_scores=head_scores if head_scores is not None else trace.head_scores, seed=seed)
 
 
 def _layer_error(metrics: RunMetrics, n_layers: int) -> np.ndarray:
