@@ -43,6 +43,9 @@ class LivePrompt:
     #: in-layer AffPool (WnW App. F) applied during prefill, a
     #: :class:`kvsim.tracer.transforms.affpool_layers.LayerPoolConfig`; None: no pooling
     layer_pool: Any = None
+    #: per audio position: encoded from the zeros a Whisper-style processor appends to fill its
+    #: last 30 s window (None: the backbone does not say)
+    audio_padding: np.ndarray | None = None
 
     @property
     def n_audio(self) -> int:
@@ -191,6 +194,7 @@ class TinyBackbone(LiveModel):
             duration_s=len(audio) / self.sample_rate,
             original_n_audio=n_a,
             span_kinds=["audio"] * n_a,
+            audio_padding=np.zeros(n_a, dtype=bool),  # frames cover the input only
         )
         prompt.model_inputs = {"inputs_embeds": self._embed_ids(input_ids, feats)}
         return prompt
@@ -249,6 +253,7 @@ class TracerLive(LiveModel):
             audio_start_s=np.asarray(prep.audio_start_s, dtype=np.float64),
             audio_end_s=np.asarray(prep.audio_end_s, dtype=np.float64),
             duration_s=clip.duration_s, original_n_audio=n_a, span_kinds=["audio"] * n_a,
+            audio_padding=None if prep.audio_padding is None else np.asarray(prep.audio_padding, dtype=bool),
         )
 
     @torch.no_grad()

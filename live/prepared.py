@@ -33,7 +33,7 @@ def transform_prepared(backbone, prepared, audio: np.ndarray, name: str):
         model_inputs=dict(prepared.inputs), n_prompt=prepared.n_prompt,
         audio_positions=np.asarray(prepared.audio_positions), audio_start_s=np.asarray(prepared.audio_start_s),
         audio_end_s=np.asarray(prepared.audio_end_s), duration_s=len(audio) / live.sample_rate,
-        original_n_audio=n_a, span_kinds=["audio"] * n_a)
+        original_n_audio=n_a, span_kinds=["audio"] * n_a, audio_padding=prepared.audio_padding)
     out = fn(live, prompt, audio)
     if out.layer_pool is not None:
         raise ValueError(f"--input-transform {name}: in-layer AffPool pools inside the decoder, "
@@ -47,7 +47,7 @@ def transform_prepared(backbone, prepared, audio: np.ndarray, name: str):
     new = dataclasses.replace(
         prepared, inputs={"inputs_embeds": out.inputs_embeds, "attention_mask": mask}, input_ids=ids,
         kinds=kinds, audio_positions=out.audio_positions, audio_start_s=out.audio_start_s,
-        audio_end_s=out.audio_end_s,
+        audio_end_s=out.audio_end_s, audio_padding=out.audio_padding,
         audio={**prepared.audio, "input_transform": name, "span_kinds": out.span_kinds,
                "original_n_audio": n_a})
     return new, out

@@ -69,7 +69,7 @@ class DataConfig:
         SplitSpec("dev", 24, 8.0, 29.0),
         SplitSpec("test_30_60", 20, 30.0, 60.0),
         SplitSpec("test_long", 8, 60.0, 240.0),
-        SplitSpec("calib", 12, 30.0, 60.0),
+        SplitSpec("calib", 50, 30.0, 60.0),  # WnW §3.2: "50 ... samples, disjoint from all test sets"
     ])
     # Share of the fortunes reserved for each split (by text); train takes the rest.
     heldout_share: dict[str, float] = field(default_factory=lambda: {

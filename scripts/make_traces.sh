@@ -13,7 +13,7 @@ if [ ! -f "$DATA/manifest.parquet" ]; then
 fi
 # the first 4 calibration clips, 24 answer tokens each (the sensitivity costs one backward per token; 8 min)
 kvsim calibrate --model minivox $(ls "$DATA"/audio/calib/*.flac | head -4) --out minivox/heads.json \
-  --aligner reference --max-tokens 24
+  --aligner reference --max-tokens 24 --token-sample first
 kvsim trace --model minivox "$DATA/audio/test_30_60/$CLIP.flac" --out traces \
   --values --heads minivox/heads.json --max-new-tokens 400 --overwrite
 rm -rf "traces/minivox-$CLIP.kvtrace" && mv "traces/$CLIP.kvtrace" "traces/minivox-$CLIP.kvtrace"

@@ -104,6 +104,40 @@ def test_sensitivity_is_mean_norm_of_key_gradients(fp64):
     assert (hs > 0).all()
 
 
+def test_sensitivity_of_chosen_tokens_is_their_mean_on_the_whole_answer(fp64):
+    """``steps`` picks which answer tokens' gradients are averaged; the whole answer stays the
+    teacher-forced context (so the first token's gradient is the same either way)."""
+    bb, prep, answer = fp64
+    full = dict(key_gradients(bb, prep, answer))
+    hs = sample_sensitivity(bb, prep, answer, np.array([0, 2]))
+    expect = sum(np.stack([np.linalg.norm(g.numpy(), axis=-1).mean(axis=-1) for g in full[t]])
+                 for t in (0, 2)) / 2
+    np.testing.assert_allclose(hs, expect, rtol=1e-10)
+    assert not np.allclose(hs, sample_sensitivity(bb, prep, answer), rtol=1e-6)
+
+
+def test_sensitivity_steps_default_is_the_whole_answer():
+    """WnW App. E, Eq. 5: E_t over the answer tokens: every one by default; a cap spreads its
+    tokens evenly over the whole answer (or takes the first, as an option)."""
+    from kvsim.tracer.calibrate import sensitivity_steps
+
+    assert CalibrationConfig().max_tokens is None and CalibrationConfig().token_sample == "even"
+    np.testing.assert_array_equal(sensitivity_steps(7, CalibrationConfig()), np.arange(7))
+    np.testing.assert_array_equal(sensitivity_steps(9, CalibrationConfig(max_tokens=3)), [0, 4, 8])
+    np.testing.assert_array_equal(sensitivity_steps(9, CalibrationConfig(max_tokens=3, token_sample="first")),
+                                  [0, 1, 2])
+    np.testing.assert_array_equal(sensitivity_steps(2, CalibrationConfig(max_tokens=5)), [0, 1])
+    for n in range(1, 60):
+        for m in range(1, n + 1):
+            got = sensitivity_steps(n, CalibrationConfig(max_tokens=m))
+            assert len(got) == m and got[0] == 0 and got[-1] == (n - 1 if m > 1 else 0)
+            assert (np.diff(got) > 0).all()
+    with pytest.raises(ValueError, match="token_sample"):
+        CalibrationConfig(token_sample="random")
+    with pytest.raises(ValueError, match="max_tokens"):
+        CalibrationConfig(max_tokens=0)
+
+
 def test_voice_hits_eq3():
     """Heads whose top-K audio keys fall in the word span score 1, elsewhere 0; GQA h -> h//g."""
     n, d = 40, 4
@@ -203,7 +237,7 @@ def test_calibrate_command_matches_library(tmp_path_factory):
     bb = load_backbone(str(ckpt))
     prep = bb.prepare(load_audio(wav, bb.sample_rate), PromptSpec())
     gen = generate_traced(bb, prep, TraceOptions(max_new_tokens=4))
-    expect = sample_sensitivity(bb, prep, gen.tokens[: CalibrationConfig().max_tokens])
+    expect = sample_sensitivity(bb, prep, gen.tokens)  # the whole answer (App. E)
     # exact: the command runs this very computation on the same model, clip and tokens (the
     # mean over one input is the input), and JSON keeps float64 exactly
     np.testing.assert_array_equal(heads.sensitivity, expect)

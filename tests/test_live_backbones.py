@@ -84,3 +84,42 @@ def test_translate_task_changes_the_prompt(setup):
     assert tr.n_audio == prompt.n_audio
     a, b = prompt.model_inputs["input_ids"][0].tolist(), tr.model_inputs["input_ids"][0].tolist()
     assert a != b
+
+
+def test_nopad_takes_the_encoder_padding_out_of_the_input(setup):
+    """``--transform nopad``: the decoder's input loses exactly the audio tokens the processor
+    marked as padding (Voxtral pads 8 s to a 30 s window; Qwen2.5-Omni has none), the speech
+    tokens and the text keep their embeddings bit for bit, and the result decodes live."""
+    from kvsim.tracer.transforms import parse_transforms
+
+    lm, prompt, scores, _ = setup
+    pad = prompt.audio_padding
+    assert pad is not None and len(pad) == prompt.n_audio
+    if lm.family != "voxtral":
+        assert not pad.any()  # placeholders cover the input's frames only
+        return
+    n_real = int((~pad).sum())
+    assert 0 < n_real < prompt.n_audio
+    assert not pad[:n_real].any() and pad[n_real:].all()  # the tail of the last window
+    assert (prompt.audio_start_s[pad] >= prompt.duration_s).all()
+    p2 = parse_transforms("nopad")["nopad"](lm, prompt, None)
+    assert p2.n_audio == n_real and p2.n_prompt == prompt.n_prompt - (prompt.n_audio - n_real)
+    assert p2.transform == "nopad" and not p2.audio_padding.any()
+    np.testing.assert_array_equal(p2.audio_start_s, prompt.audio_start_s[:n_real])
+    emb, a0 = lm.embed(prompt), int(prompt.audio_positions[0])
+    # exact: the kept rows are copies of the original embeddings
+    torch.testing.assert_close(p2.inputs_embeds[:, : a0 + n_real], emb[:, : a0 + n_real], rtol=0, atol=0)
+    torch.testing.assert_close(p2.inputs_embeds[:, a0 + n_real:], emb[:, a0 + prompt.n_audio:], rtol=0, atol=0)
+    run = live_generate(lm, p2, PolicySpec("wnw", 0.3), LiveConfig(4, head_scores=scores))
+    assert run.summary["input_retention"] == pytest.approx(n_real / prompt.n_audio)
+    assert run.summary["n_audio"] == n_real
+
+
+def test_nopad_needs_to_know_the_padding(setup):
+    import dataclasses
+
+    from kvsim.tracer.transforms import parse_transforms
+
+    lm, prompt, _, _ = setup
+    with pytest.raises(ValueError, match="does not say which audio tokens are padding"):
+        parse_transforms("nopad")["nopad"](lm, dataclasses.replace(prompt, audio_padding=None), None)

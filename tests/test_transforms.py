@@ -211,3 +211,9 @@ def test_transform_prepared_for_the_tracer(tmp_path, tmp_path_factory):
     with torch.no_grad():
         out = bb.model.generate(**new.inputs, max_new_tokens=3, do_sample=False)
     assert out.shape[1] == 3
+    assert new.audio_padding is None  # a pooled token may mix padding and speech: not known
+    bare, _ = transform_prepared(bb, prep, audio, "nopad")
+    assert prep.audio_padding.any()  # 8 s in a 30 s window
+    assert len(bare.audio_positions) == int((~prep.audio_padding).sum())
+    assert bare.audio_padding is not None and not bare.audio_padding.any()
+    assert bare.n_prompt == prep.n_prompt - int(prep.audio_padding.sum())

@@ -37,7 +37,33 @@ class CalibrationConfig:
     top_k: int | None = None  #: None: round(0.32 * audio tokens per second)
     min_confidence: float = 0.85
     teacher: str = "greedy"  #: greedy (the model's own output) or reference
-    max_tokens: int = 64  #: answer tokens per sample used for the sensitivity (cost: 1 backward each)
+    #: answer tokens per sample whose loss gradient enters the sensitivity, one backward each;
+    #: None: every token of the whole answer (App. E, Eq. 5: E_t over the answer tokens)
+    max_tokens: int | None = None
+    #: which tokens when ``max_tokens`` is below the answer's length: ``even`` (evenly spaced
+    #: over the whole answer: an estimate of the whole answer's mean) or ``first`` (the
+    #: answer's first tokens: what kvsim did before it followed App. E)
+    token_sample: str = "even"
+
+    def __post_init__(self) -> None:
+        if self.token_sample not in TOKEN_SAMPLES:
+            raise ValueError(f"token_sample: expected one of {', '.join(TOKEN_SAMPLES)}, "
+                             f"got {self.token_sample!r}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
+
+
+#: :attr:`CalibrationConfig.token_sample` values
+TOKEN_SAMPLES = ("even", "first")
+
+
+def sensitivity_steps(n_answer: int, cfg: CalibrationConfig) -> np.ndarray:
+    """Indices of the answer tokens whose loss gradient is taken (ascending, distinct): all of
+    them by default (App. E), else ``max_tokens`` of them, evenly spaced or the first."""
+    m = n_answer if cfg.max_tokens is None else min(cfg.max_tokens, n_answer)
+    if cfg.token_sample == "first" or m == n_answer:
+        return np.arange(m)
+    return np.unique(np.round(np.linspace(0, n_answer - 1, m)).astype(np.int64))
 
 
 def default_top_k(tokens_per_s: float) -> int:
@@ -152,8 +178,9 @@ def answer_losses(backbone: Backbone, prepared: Prepared, answer: list[int],
 
 
 def key_gradients(backbone: Backbone, prepared: Prepared, answer: list[int],
-                  ) -> Iterator[tuple[int, list[torch.Tensor]]]:
-    """Per answer token t: dL_t/dK for the audio keys of every layer, (H_kv, A, D) each."""
+                  steps: np.ndarray | None = None) -> Iterator[tuple[int, list[torch.Tensor]]]:
+    """Per answer token t (every one, or those in ``steps``): dL_t/dK for the audio keys of
+    every layer, (H_kv, A, D) each. The whole answer is teacher-forced either way."""
     facts = backbone.facts()
     dev = backbone.device
     audio = torch.as_tensor(prepared.audio_positions, device=dev)
@@ -169,19 +196,22 @@ def key_gradients(backbone: Backbone, prepared: Prepared, answer: list[int],
     try:
         with torch.enable_grad():
             losses = answer_losses(backbone, prepared, answer, hook)
-            for t in range(len(answer)):
-                grads = torch.autograd.grad(losses[t], deltas, retain_graph=t < len(answer) - 1)
+            todo = [int(t) for t in (range(len(answer)) if steps is None else steps)]
+            for i, t in enumerate(todo):
+                grads = torch.autograd.grad(losses[t], deltas, retain_graph=i < len(todo) - 1)
                 yield t, [g[0] if g.dtype == torch.float64 else g[0].float() for g in grads]
     finally:
         for p, w in zip(backbone.model.parameters(), was, strict=True):
             p.requires_grad_(w)
 
 
-def sample_sensitivity(backbone: Backbone, prepared: Prepared, answer: list[int]) -> np.ndarray:
-    """E_t[ mean_tau || dL_t / dK_{l,k,tau} || ] of one sample: (L, H_kv)."""
+def sample_sensitivity(backbone: Backbone, prepared: Prepared, answer: list[int],
+                       steps: np.ndarray | None = None) -> np.ndarray:
+    """E_t[ mean_tau || dL_t / dK_{l,k,tau} || ] of one sample: (L, H_kv), over every answer
+    token or those in ``steps`` (:func:`sensitivity_steps`)."""
     total = None
     n = 0
-    for _, grads in key_gradients(backbone, prepared, answer):
+    for _, grads in key_gradients(backbone, prepared, answer, steps):
         per = torch.stack([g.norm(dim=-1).mean(dim=-1) for g in grads]).cpu().numpy()
         total = per if total is None else total + per
         n += 1
@@ -216,7 +246,8 @@ class ScoreAccumulator:
         scores = self.result("")
         return {"method": "WnW Appendix E", "top_k": cfg.top_k or default_top_k(rate),
                 "min_confidence": cfg.min_confidence, "teacher": cfg.teacher,
-                "max_tokens": cfg.max_tokens, "n_samples_voice": len(self.voice),
+                "max_tokens": cfg.max_tokens, "token_sample": cfg.token_sample,
+                "n_samples_voice": len(self.voice),
                 "n_samples_sensitivity": len(self.sens),
                 "ranking_vs_x_hs": ranking(scores)}
 
@@ -241,7 +272,7 @@ def teacher_tokens(backbone: Backbone, generated: list[int], reference: str | No
         tokens = list(ids) + eos[:1]
     else:
         tokens = list(generated)
-    return tokens[: cfg.max_tokens]
+    return tokens
 
 
 def calibrate_into_traces(results: list, batch_cfg: Any, cfg: CalibrationConfig,
@@ -273,7 +304,7 @@ def calibrate_into_traces(results: list, batch_cfg: Any, cfg: CalibrationConfig,
             prepared = bb.prepare(clip, batch_cfg.options.prompt)
             gen_tokens = trace.meta.provenance.get("generation", {}).get("token_ids") or []
             answer = teacher_tokens(bb, gen_tokens, trace.meta.reference_text, cfg)
-            hs = sample_sensitivity(bb, prepared, answer)
+            hs = sample_sensitivity(bb, prepared, answer, sensitivity_steps(len(answer), cfg))
         except (ValueError, OSError) as exc:
             console.print(f"[yellow]calibration skipped[/] {r.path}: {exc}")
             continue
@@ -342,7 +373,7 @@ def calibrate_inputs(inputs: list[Path], batch_cfg: Any, cfg: CalibrationConfig,
     rate = bb.audio_tokens_per_s
     acc = ScoreAccumulator(facts.n_layers, facts.n_q_heads, facts.n_kv_heads)
     failures: list[tuple[Path, str]] = []
-    n_tokens = 0
+    n_tokens = n_grad = 0
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   console=console) as progress:
         task = progress.add_task("calibrating", total=len(inputs))
@@ -365,8 +396,10 @@ def calibrate_inputs(inputs: list[Path], batch_cfg: Any, cfg: CalibrationConfig,
                     if vs is not None:
                         acc.voice.append(vs)
                 answer = teacher_tokens(bb, gen.tokens, reference, cfg)
-                acc.sens.append(sample_sensitivity(bb, prepared, answer))
+                steps = sensitivity_steps(len(answer), cfg)
+                acc.sens.append(sample_sensitivity(bb, prepared, answer, steps))
                 n_tokens += len(answer)
+                n_grad += len(steps)
             except (AudioError, AlignmentError, ValueError) as exc:
                 failures.append((audio, str(exc)))
                 console.print(f"[red]failed[/] {audio}: {exc}")
@@ -374,5 +407,6 @@ def calibrate_inputs(inputs: list[Path], batch_cfg: Any, cfg: CalibrationConfig,
     scores = acc.result(f"kvsim calibrate ({len(acc.sens)} inputs)")
     prov = acc.provenance(cfg, rate)
     prov.update({"model_path": bb.path, "inputs": [str(p) for p in inputs],
-                 "answer_tokens": n_tokens, "aligner": batch_cfg.aligner})
+                 "answer_tokens": n_tokens, "sensitivity_tokens": n_grad,
+                 "aligner": batch_cfg.aligner})
     return CalibrationRun(scores, prov, failures, len(acc.sens))

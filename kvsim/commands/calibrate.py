@@ -19,19 +19,20 @@ def calibrate(
     reference: Annotated[Path | None, typer.Option("--reference", "-r", help="Transcript/word alignment for one input, or a folder of <stem>.txt / <stem>.words.json|.words.tsv (also looked up next to each audio file).")] = None,
     task: Annotated[str, typer.Option(help="transcribe or translate.")] = "transcribe",
     language: Annotated[str | None, typer.Option(help="Source language (transcribe) or target (translate), ISO 639-1.")] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Stop after this many tokens (>= 1).")] = 128,
+    max_new_tokens: Annotated[int, typer.Option(help="Stop after this many tokens (>= 1): the whole answer is the generation up to here.")] = 256,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")] = "cpu",
     dtype: Annotated[str, typer.Option(help="Weights dtype: float32, bfloat16, float16.")] = "float32",
     aligner: Annotated[str, typer.Option(help="auto (reference file, else Whisper), reference, whisper, none (sensitivity only).")] = "auto",
     top_k: Annotated[int | None, typer.Option(help="Top-K audio positions per head (default: one spoken word, round(0.32 x tokens/s)).")] = None,
     min_confidence: Annotated[float, typer.Option(help="Aligned tokens below this word confidence are not counted.")] = 0.85,
     teacher: Annotated[str, typer.Option(help="Answer tokens for the sensitivity: greedy or reference.")] = "greedy",
-    max_tokens: Annotated[int, typer.Option(help="Answer tokens per sample for the sensitivity (>= 1).")] = 64,
+    max_tokens: Annotated[int | None, typer.Option(help="Answer tokens per sample whose loss gradient enters the sensitivity, one backward pass each (>= 1; default: every token of the whole answer, as WnW App. E).")] = None,
+    token_sample: Annotated[str, typer.Option(help="Which tokens when --max-tokens is below the answer's length: even (spread over the whole answer) or first.")] = "even",
 ) -> None:
     """Score every KV-head of MODEL on calibration audio and write heads.json."""
     from kvsim.commands._options import OptionError, check_positive_ints, check_range
     from kvsim.commands.trace import batch_config, check_audio_inputs
-    from kvsim.tracer.calibrate import CalibrationConfig
+    from kvsim.tracer.calibrate import TOKEN_SAMPLES, CalibrationConfig
 
     try:
         check_positive_ints(max_new_tokens=max_new_tokens, top_k=top_k, max_tokens=max_tokens)
@@ -40,11 +41,13 @@ def calibrate(
         fail(exc)
     if teacher not in ("greedy", "reference"):
         fail(f"--teacher {teacher}: must be greedy or reference")
+    if token_sample not in TOKEN_SAMPLES:
+        fail(f"--token-sample {token_sample}: must be one of {', '.join(TOKEN_SAMPLES)}")
     files = check_audio_inputs(inputs)
     cfg = batch_config(model, out.parent, device=device, dtype=dtype, aligner=aligner, task=task,
                        language=language, reference=reference, max_new_tokens=max_new_tokens)
     ccfg = CalibrationConfig(top_k=top_k, min_confidence=min_confidence, teacher=teacher,
-                             max_tokens=max_tokens)
+                             max_tokens=max_tokens, token_sample=token_sample)
     _calibrate_and_write(files, cfg, ccfg, out, model)
 
 

@@ -40,7 +40,7 @@ def live(
     limit: Annotated[int | None, typer.Option(help="Use only the first N inputs")] = None,
     ids: Annotated[str | None, typer.Option(help="Use only these inputs, comma-separated ids (file stems; manifest ids)")] = None,
     max_seconds: Annotated[float | None, typer.Option(help="Crop audio (and reference) to this length")] = None,
-    transform: Annotated[str, typer.Option(help="Input transforms, comma-separated: none, voxzip1, affpool[:retention]")] = "none",
+    transform: Annotated[str, typer.Option(help="Input transforms, comma-separated: none, voxzip1, affpool[:retention], affpool_layers:TAU, nopad (the encoder padding taken out of the input)")] = "none",
     task: Annotated[str | None, typer.Option(help="transcribe | translate (scored with sacreBLEU); default: the dataset's (LongSpeech translation rows), else transcribe")] = None,
     language: Annotated[str | None, typer.Option(help="Target language of --task translate (e.g. fr), source language otherwise")] = None,
     instruction: Annotated[str | None, typer.Option(help="Instruction text after the audio (overrides the task's)")] = None,

@@ -8,6 +8,9 @@ back into a prompt. Used by ``kvsim live --transform`` (and by ``kvsim trace`` l
 * ``affpool[:retention]`` -- affinity pooling of adjacent audio tokens
   (:mod:`kvsim.tracer.transforms.affpool`), default retention 0.5: the input-level variant,
   on the input embeddings, threshold bisected per clip;
+* ``nopad`` -- the audio tokens a Whisper-style encoder made from the zeros that fill its
+  last 30 s window are taken out of the input, so the decoder never sees them (the backbone
+  must say which tokens are padding: ``LivePrompt.audio_padding``);
 * ``affpool_layers:τ`` -- WnW App. F's AffPool inside the decoder (pooling at the output of
   the first layers, :mod:`kvsim.tracer.transforms.affpool_layers`) with threshold τ, set on
   a held-out subset by :func:`~kvsim.tracer.transforms.affpool_layers.calibrate_layer_threshold`
@@ -19,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvsim.tracer.transforms.affpool import affpool
@@ -62,6 +66,23 @@ def voxzip1_transform(segment_fn: Callable[..., Any] = whisper_segments) -> Call
     return apply
 
 
+def nopad_transform() -> Callable[..., Any]:
+    """The ``nopad`` transform: drop the padding positions of the audio span, keep the rest."""
+    def apply(lm, prompt, audio):
+        if prompt.audio_padding is None:
+            raise ValueError(f"--transform nopad: {lm.name} does not say which audio tokens "
+                             "are padding")
+        keep = np.flatnonzero(~np.asarray(prompt.audio_padding, dtype=bool))
+        if len(keep) == 0:
+            raise ValueError("--transform nopad: every audio token is padding")
+        full, span = _audio_span(lm, prompt)
+        out = SpanTransform(span[torch.as_tensor(keep, device=span.device)], ["audio"] * len(keep),
+                            prompt.audio_start_s[keep], prompt.audio_end_s[keep],
+                            [(int(i), int(i) + 1) for i in keep])
+        return splice(prompt, out, full, "nopad", padding=np.zeros(len(keep), dtype=bool))
+    return apply
+
+
 def parse_transforms(text: str) -> dict[str, Callable[..., Any] | None]:
     """``"none,voxzip1,affpool:0.5"`` -> name -> transform (None = untouched input)."""
     out: dict[str, Callable[..., Any] | None] = {}
@@ -71,6 +92,8 @@ def parse_transforms(text: str) -> dict[str, Callable[..., Any] | None]:
             out["none"] = None
         elif name == "voxzip1":
             out["voxzip1"] = voxzip1_transform()
+        elif name == "nopad":
+            out["nopad"] = nopad_transform()
         elif name == "affpool":
             try:
                 r = float(arg) if arg else 0.5
@@ -86,7 +109,7 @@ def parse_transforms(text: str) -> dict[str, Callable[..., Any] | None]:
             out[item] = affpool_layers_transform(tau, item)  # keyed as given: τ is calibrated
         else:
             raise ValueError(f"--transform {item!r}: unknown; use none, voxzip1, "
-                             "affpool[:retention], affpool_layers:TAU")
+                             "affpool[:retention], affpool_layers:TAU, nopad")
     if not out:
         raise ValueError("--transform: nothing given")
     return out

@@ -35,9 +35,11 @@ class SpanTransform:
         return len(self.kinds) / max(n, 1)
 
 
-def splice(prompt, span: SpanTransform, full_embeds: torch.Tensor, name: str):
+def splice(prompt, span: SpanTransform, full_embeds: torch.Tensor, name: str,
+           padding: np.ndarray | None = None):
     """A copy of ``prompt`` whose audio span is replaced by ``span`` (prefill from
-    ``inputs_embeds``)."""
+    ``inputs_embeds``); ``padding`` marks which new positions are encoder padding (None: not
+    known, as when a pooled token may mix padding and speech)."""
     import dataclasses
 
     a = prompt.audio_positions
@@ -56,4 +58,5 @@ def splice(prompt, span: SpanTransform, full_embeds: torch.Tensor, name: str):
         transform=name,
         original_n_audio=prompt.original_n_audio or len(a),
         span_kinds=list(span.kinds),
+        audio_padding=None if padding is None else np.asarray(padding, dtype=bool),
     )
