@@ -20,6 +20,15 @@ import polars as pl
 from kvsim.trace.atomic import atomic_file, atomic_write_text
 
 
+#: How every study treats the encoder's padding today (:mod:`kvsim.replay.padding`), stated in
+#: its report: the traces are replayed as recorded and live runs decode the model's own prompt.
+PADDING_COUNTED = (
+    "Encoder padding: counted as audio. Replay reads the traces as recorded (`kvsim replay "
+    "--padding count`): the tokens a Whisper-style encoder makes from the zeros that fill its "
+    "last 30 s window are in T_a, the budgets and r_GPU; live runs decode the prompt the "
+    "processor makes, padding included (`kvsim live --transform none`; `nopad` takes it out).")
+
+
 @dataclass
 class StudyReport:
     """One study's result.
@@ -39,6 +48,9 @@ class StudyReport:
         An altair chart (``<name>.html`` / ``<name>.png``), or None.
     notes
         Paragraphs after the tables: what was run, on what, and how to read the tables.
+    padding
+        The sentence saying whether the encoder's padding was counted as audio (printed after
+        the notes); None for a study without audio positions.
     """
 
     name: str
@@ -48,6 +60,7 @@ class StudyReport:
     chart: Any = None
     notes: list[str] = field(default_factory=list)
     extra_data: dict[str, pl.DataFrame] = field(default_factory=dict)
+    padding: str | None = PADDING_COUNTED
 
 
 def markdown_table(frame: pl.DataFrame, digits: int = 3) -> list[str]:
@@ -98,6 +111,8 @@ def render_markdown(report: StudyReport, wall_s: float, argv: list[str] | None =
         lines += [f"![{report.title}]({report.name}.png)", ""]
     for note in report.notes:
         lines += [note, ""]
+    if report.padding:
+        lines += [report.padding, ""]
     cmd = shlex.join(["kvsim", *(argv if argv is not None else sys.argv[1:])])
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines += ["Made by:", "", "```bash", cmd, "```", "",

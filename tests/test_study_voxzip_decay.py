@@ -95,6 +95,7 @@ def test_study_end_to_end_replay_and_tiny_live(tmp_path: Path) -> None:
                                               "voxzip(gamma=1.0)", "voxzip(gamma=1.0)"]
     assert live["wer"].is_not_null().all() and (out / "live" / "runs.parquet").exists()
     md = (out / "voxzip-decay.md").read_text()
+    assert "Encoder padding: counted as audio" in md
     rows = [line.split(" | ") for line in md.splitlines() if line.startswith(("| full |", "| voxzip |"))]
     assert [r[0] for r in rows] == ["| full"] + ["| voxzip"] * 4  # full cache once, then budget × γ
     assert [r[1] for r in rows] == ["1.000", "0.050", "0.050", "0.300", "0.300"]
