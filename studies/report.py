@@ -19,7 +19,6 @@ import polars as pl
 
 from kvsim.trace.atomic import atomic_file, atomic_write_text
 
-
 #: How every study treats the encoder's padding today (:mod:`kvsim.replay.padding`), stated in
 #: its report: the traces are replayed as recorded and live runs decode the model's own prompt.
 PADDING_COUNTED = (
