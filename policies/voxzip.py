@@ -98,9 +98,34 @@ def partition_keep(scores: np.ndarray, n_sink: int, n_recent: int, n_total: int,
     allowed = np.ones(scores.shape, dtype=bool) if allowed is None else allowed
     keep = np.broadcast_to(fixed, scores.shape) & allowed
     left = n_total - keep.sum(axis=-1)
+    candidates = allowed & ~keep
+    surplus = candidates.sum(axis=-1) - left
+    if surplus.max(initial=0) <= 1 and np.isfinite(scores).all():
+        return _drop_lowest(scores, candidates, surplus > 0) | keep
     cand = np.where(keep | ~allowed, -np.inf, scores)
     extra = topk_mask(cand, left) & ~keep & allowed
     return keep | extra
+
+
+def _drop_lowest(scores: np.ndarray, candidates: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``candidates`` less, in every row where ``rows`` is set, its lowest-scoring candidate
+    (among equal lowest scores the latest position: the one :func:`topk_mask`, which breaks
+    ties towards the earlier position, leaves out).
+
+    What :func:`partition_keep` keeps when at most one candidate per row is over the count,
+    as at every decode step of the generation scope, without sorting the rows; the same mask
+    bit for bit (``tests/test_policy_voxzip.py``).
+    """
+    out = candidates.copy()
+    if not rows.any():
+        return out
+    masked = np.where(candidates, scores, np.inf)
+    low = masked.min(axis=-1, keepdims=True)
+    n = scores.shape[-1]
+    last = n - 1 - np.argmax((masked == low)[..., ::-1], axis=-1)
+    idx = np.nonzero(rows)
+    out[(*idx, last[idx])] = False
+    return out
 
 
 def sink_recent_topn(
@@ -222,10 +247,17 @@ class VoxZip(Policy):
         """Apply one decode step of the recurrence (per layer (H_q, T_a) attention) and the
         eviction rule of the scope on the resident set (``n_generated``: generated tokens now
         in the cache); returns the (possibly unchanged) keep mask."""
-        for layer, att in enumerate(step_attention):
-            self.scores_[layer] = decayed_accumulate(
-                self.scores_[layer], self._head_attention(np.asarray(att)), self.gamma
-            )
+        att = np.asarray(step_attention)  # (L, H_q, T_a)
+        L, h_q, T = att.shape
+        if T != self.scores_.shape[-1]:
+            raise ValueError(f"attention has {T} positions, the score {self.scores_.shape[-1]}")
+        # the recurrence of every layer at once: the same float32 group sums and float64
+        # γ·A + a, element for element, as decayed_accumulate layer by layer
+        per_kv = att.reshape(L, h_q // self._group, self._group, T).sum(axis=2)
+        if self.scoring == "layer":
+            per_kv = np.broadcast_to(per_kv.sum(axis=1, keepdims=True), per_kv.shape)
+        np.multiply(self.scores_, self.gamma, out=self.scores_)
+        self.scores_ += per_kv
         if self.scope == "generation":
             self._keep = generation_scope_keep(self.scores_, self._keep, self._budget,
                                                n_generated, self.n_sink, self.recent_fraction)

@@ -182,3 +182,90 @@ def test_generation_scope_budget_invariants_on_random_traces(preset, seconds, st
     assert (per_head == want[:, None, None]).all()
     assert not ((hist[:-1] != Tier.GPU) & (hist[1:] == Tier.GPU)).any()
     assert (hist[..., :sink] == Tier.GPU).all()
+
+
+# ----------------------------------------------------------------------------- fast paths
+def _partition_by_sort(scores, n_sink, n_recent, n_total, allowed):
+    """partition_keep as specified: fixed positions, then the top-``left`` allowed others by
+    a stable sort (ties to the earlier position)."""
+    from kvsim.policies.base import topk_mask
+
+    n = scores.shape[-1]
+    fixed = np.zeros(n, dtype=bool)
+    fixed[:n_sink] = True
+    if n_recent > 0:
+        fixed[n - n_recent:] = True
+    keep = np.broadcast_to(fixed, scores.shape) & allowed
+    left = n_total - keep.sum(axis=-1)
+    cand = np.where(keep | ~allowed, -np.inf, scores)
+    return keep | (topk_mask(cand, left) & ~keep & allowed)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.integers(8, 40), st.integers(0, 5), st.integers(0, 6),
+       st.sampled_from([2, 3, 5, 1000]))
+def test_partition_keep_without_sorting_is_the_sorted_rule(seed, n, n_sink, n_recent, levels):
+    """At most one candidate over the count per row (every decode step of the generation
+    scope): the lowest-scoring one leaves, ties to the latest position; bit for bit the mask
+    the stable sort gives, with few distinct scores (ties everywhere) or many, rows with one
+    candidate too many and rows with none."""
+    from kvsim.policies import voxzip
+
+    rng = np.random.default_rng(seed)
+    scores = rng.integers(0, levels, size=(3, 4, n)).astype(np.float64)
+    fixed = np.zeros(n, dtype=bool)
+    fixed[:n_sink] = True
+    if n_recent:
+        fixed[n - n_recent:] = True
+    free = np.flatnonzero(~fixed)
+    if len(free) == 0:
+        return  # nothing outside the sinks and the recent window
+    c = int(rng.integers(0, len(free)))  # candidates kept per row
+    allowed = np.broadcast_to(fixed, scores.shape).copy()
+    for row in np.ndindex(3, 4):  # c or c + 1 resident candidates: surplus 0 or 1
+        allowed[row][rng.choice(free, size=c + int(rng.integers(0, 2)), replace=False)] = True
+    n_total = int(fixed.sum()) + c
+    calls = []
+    real = voxzip._drop_lowest
+    try:
+        voxzip._drop_lowest = lambda *a: calls.append(1) or real(*a)
+        got = voxzip.partition_keep(scores, n_sink, n_recent, n_total, allowed)
+    finally:
+        voxzip._drop_lowest = real
+    assert calls  # the fast path ran
+    np.testing.assert_array_equal(got, _partition_by_sort(scores, n_sink, n_recent, n_total, allowed))
+
+
+def test_generation_scope_decode_steps_match_the_sorted_rule() -> None:
+    """A whole run of decode steps of the generation scope: the rule applied through the fast
+    path keeps exactly what the sorted rule keeps, step after step."""
+    from kvsim.policies.voxzip import recent_count
+
+    rng = np.random.default_rng(3)
+    scores = rng.integers(0, 4, size=(2, 3, 80)).astype(np.float64)
+    budget, sink = 30, 4
+    recent = recent_count(budget, sink, 0.2)
+    keep = sink_recent_topn(scores, budget, sink, 0.2)
+    for g in range(1, 40):
+        scores = 0.95 * scores + rng.integers(0, 3, size=scores.shape)
+        want = _partition_by_sort(scores, sink, max(recent - g, 0), max(budget - g, sink), keep)
+        keep = generation_scope_keep(scores, keep, budget, g, sink, 0.2)
+        np.testing.assert_array_equal(keep, want)
+    assert (keep.sum(axis=-1) == sink).all()
+
+
+@pytest.mark.parametrize("scoring", ["head", "layer"])
+def test_update_scores_is_the_recurrence_layer_by_layer(scoring) -> None:
+    """All layers at once: the same float32 group sums and float64 γ·A + a as
+    decayed_accumulate on each layer's GQA-summed rows, bit for bit."""
+    ctx = make_ctx(3, 6, 2, 50)
+    pol = make("voxzip", 0.4, scoring=scoring)
+    pol.prefill(ctx, random_prefill(ctx))
+    before = pol.scores_.copy()
+    att = np.random.default_rng(1).dirichlet(np.ones(50), size=(3, 6)).astype(np.float32)
+    pol.update_scores(att, n_generated=1)
+    for layer in range(3):
+        rows = att[layer].reshape(2, 3, 50).sum(axis=1)
+        if scoring == "layer":
+            rows = np.broadcast_to(rows.sum(axis=0), rows.shape)
+        np.testing.assert_array_equal(pol.scores_[layer], decayed_accumulate(before[layer], rows, 0.95))
