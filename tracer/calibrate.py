@@ -410,3 +410,54 @@ def calibrate_inputs(inputs: list[Path], batch_cfg: Any, cfg: CalibrationConfig,
                  "answer_tokens": n_tokens, "sensitivity_tokens": n_grad,
                  "aligner": batch_cfg.aligner})
     return CalibrationRun(scores, prov, failures, len(acc.sens))
+
+
+# ------------------------------------------------------------------------------- merging
+def merge_calibrations(files: list[Path]) -> tuple[HeadScores, dict[str, Any], str]:
+    """One calibration from several ``kvsim calibrate`` outputs over disjoint inputs (shards
+    run in parallel): VS and HS are means over samples, so each file's scores enter weighted
+    by its sample counts (``n_samples_voice``, ``n_samples_sensitivity``), which gives the
+    scores one run over all the inputs would give, up to float rounding.
+
+    Returns ``(scores, provenance, model)``; ValueError (one line, naming the file) when the
+    files disagree on the model, shape or settings, or lack the sample counts.
+    """
+    import json
+
+    from kvsim.trace.heads import heads_from_json
+
+    if not files:
+        raise ValueError("no calibration files to merge")
+    parts = []
+    for f in files:
+        raw = json.loads(Path(f).read_text())
+        prov = raw.get("provenance") or {}
+        for key in ("n_samples_voice", "n_samples_sensitivity"):
+            if not isinstance(prov.get(key), int):
+                raise ValueError(f"{f}: provenance.{key} missing: not a kvsim calibrate output")
+        parts.append((Path(f), raw, prov, heads_from_json(raw, str(f))))
+    first_raw, first_prov = parts[0][1], parts[0][2]
+    settings = ("method", "top_k", "min_confidence", "teacher", "max_tokens", "token_sample")
+    for f, raw, prov, _ in parts[1:]:
+        if raw.get("model") != first_raw.get("model"):
+            raise ValueError(f"{f}: model {raw.get('model')!r}, not {first_raw.get('model')!r}")
+        for key in settings:
+            if prov.get(key) != first_prov.get(key):
+                raise ValueError(f"{f}: {key}={prov.get(key)!r}, not {first_prov.get(key)!r}")
+    n_v = np.array([p[2]["n_samples_voice"] for p in parts], dtype=np.float64)
+    n_s = np.array([p[2]["n_samples_sensitivity"] for p in parts], dtype=np.float64)
+    vs = sum(w * p[3].voice_score for w, p in zip(n_v, parts, strict=True)) / max(n_v.sum(), 1.0)
+    hs = sum(w * p[3].sensitivity for w, p in zip(n_s, parts, strict=True)) / n_s.sum()
+    scores = HeadScores(np.asarray(vs), np.asarray(hs),
+                        source=f"kvsim calibrate ({int(n_s.sum())} inputs, {len(parts)} shards)")
+    prov = {key: first_prov.get(key) for key in settings}
+    prov.update(n_samples_voice=int(n_v.sum()), n_samples_sensitivity=int(n_s.sum()),
+                ranking_vs_x_hs=ranking(scores), merged_from=[str(p[0]) for p in parts])
+    for key in ("inputs",):
+        prov[key] = [x for p in parts for x in p[2].get(key, [])]
+    for key in ("answer_tokens", "sensitivity_tokens", "wall_s"):
+        if all(isinstance(p[2].get(key), int | float) for p in parts):
+            prov[key] = sum(p[2][key] for p in parts)
+    for key in ("model_path", "aligner"):
+        prov[key] = first_prov.get(key)
+    return scores, prov, str(first_raw.get("model"))
