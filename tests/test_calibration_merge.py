@@ -71,3 +71,35 @@ def test_merge_script(tmp_path):
     bad = subprocess.run([sys.executable, str(REPO / "scripts" / "merge_heads.py"), str(out), str(tmp_path / "nope.json")],
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nope.json" in bad.stderr
+
+
+def test_store_heads_replaces_the_scores_and_nothing_else(tmp_path):
+    """scripts/store_heads.py: the trace holds the new scores; keys, queries, values and
+    positions are the same bytes; a trace of another shape is one line and left alone, and
+    does not stop the others."""
+    import importlib.util
+
+    from kvsim.core.shapes import HeadScores
+    from kvsim.trace import Trace
+    from tests.conftest import make_trace
+
+    spec = importlib.util.spec_from_file_location("store_heads", REPO / "scripts" / "store_heads.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    good = make_trace(tmp_path / "good.kvtrace", seconds=3, steps=4, seed=1)
+    other = make_trace(tmp_path / "other.kvtrace", preset="qwen-omni", seconds=1, steps=2, seed=2)
+    before = Trace(good)
+    m = before.meta.model
+    keys0, values0, q0 = (np.array(before.keys(1)), np.array(before.values(1)), np.array(before.queries(1)))
+    rng = np.random.default_rng(0)
+    new = HeadScores(rng.random((m.n_layers, m.n_kv_heads)), rng.random((m.n_layers, m.n_kv_heads)))
+    write_heads(tmp_path / "heads.json", new, m.name, {"method": "test"})
+    assert mod.main(["--heads", str(tmp_path / "heads.json"), str(other), str(good)]) == 1
+    after = Trace(good)
+    np.testing.assert_array_equal(after.head_scores.voice_score, new.voice_score)
+    np.testing.assert_array_equal(after.head_scores.sensitivity, new.sensitivity)
+    for a, b in ((keys0, after.keys(1)), (values0, after.values(1)), (q0, after.queries(1))):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, np.array(b))
+    assert after.positions.equals(before.positions)
+    assert Trace(other).head_scores is None or Trace(other).head_scores.voice_score.shape != new.voice_score.shape
