@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=36, help="top heads compared (36 = WnW's n_voice on minivox at r = 0.2)")
     ap.add_argument("--max-new-tokens", type=int, default=300)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--save", type=Path, help="also save the per-token sensitivities (npz, one array per clip)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     bb = load_backbone(args.model, LoadOptions())
@@ -76,6 +77,8 @@ def main() -> None:
     for clip in args.clips:
         per_clip.append(per_token_sensitivity(bb, clip, args.max_new_tokens))
         print(f"{clip.name}: {len(per_clip[-1])} answer tokens, {time.perf_counter() - t0:.0f} s", flush=True)
+    if args.save:
+        np.savez(args.save, **{c.stem: t for c, t in zip(args.clips, per_clip, strict=True)})
     res = compare(per_clip, read_heads(args.heads).voice_score, args.tokens, args.top)
     print(f"\n{len(per_clip)} clips, {sum(map(len, per_clip))} answer tokens: each estimate against "
           "the whole answers' mean")
