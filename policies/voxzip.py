@@ -248,12 +248,12 @@ class VoxZip(Policy):
         eviction rule of the scope on the resident set (``n_generated``: generated tokens now
         in the cache); returns the (possibly unchanged) keep mask."""
         att = np.asarray(step_attention)  # (L, H_q, T_a)
-        L, h_q, T = att.shape
-        if T != self.scores_.shape[-1]:
-            raise ValueError(f"attention has {T} positions, the score {self.scores_.shape[-1]}")
+        n_layers, h_q, n_audio = att.shape
+        if n_audio != self.scores_.shape[-1]:
+            raise ValueError(f"attention has {n_audio} positions, the score {self.scores_.shape[-1]}")
         # the recurrence of every layer at once: the same float32 group sums and float64
         # γ·A + a, element for element, as decayed_accumulate layer by layer
-        per_kv = att.reshape(L, h_q // self._group, self._group, T).sum(axis=2)
+        per_kv = att.reshape(n_layers, h_q // self._group, self._group, n_audio).sum(axis=2)
         if self.scoring == "layer":
             per_kv = np.broadcast_to(per_kv.sum(axis=1, keepdims=True), per_kv.shape)
         np.multiply(self.scores_, self.gamma, out=self.scores_)
