@@ -16,12 +16,11 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from kvsim.tracer.audio import load_audio  # noqa: E402
 from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone  # noqa: E402
-from kvsim.tracer.calibrate import key_gradients  # noqa: E402
+from kvsim.tracer.calibrate import CalibrationConfig, key_gradients, sensitivity_steps  # noqa: E402
 from kvsim.tracer.run import TraceOptions, generate_traced  # noqa: E402
 
 
@@ -39,7 +38,7 @@ def main() -> None:
     gen = generate_traced(bb, prep, TraceOptions(max_new_tokens=args.max_new_tokens))
     t_gen = time.process_time() - t0
     n = len(gen.tokens)
-    steps = np.unique(np.linspace(0, n - 1, min(args.passes, n)).round().astype(int))
+    steps = sensitivity_steps(n, CalibrationConfig(max_tokens=args.passes))
     t0 = time.process_time()
     done = sum(1 for _ in key_gradients(bb, prep, list(gen.tokens), steps))
     per = (time.process_time() - t0) / done

@@ -25,7 +25,12 @@ from scipy.stats import spearmanr
 from kvsim.trace.heads import read_heads
 from kvsim.tracer.audio import load_audio
 from kvsim.tracer.backbones import LoadOptions, PromptSpec, load_backbone
-from kvsim.tracer.calibrate import CalibrationConfig, key_gradients, sensitivity_steps
+from kvsim.tracer.calibrate import (
+    CalibrationConfig,
+    key_gradients,
+    sensitivity_steps,
+    token_sensitivity,
+)
 from kvsim.tracer.run import TraceOptions, generate_traced
 
 
@@ -33,8 +38,7 @@ def per_token_sensitivity(bb, audio: Path, max_new_tokens: int) -> np.ndarray:
     """(T, L, H_kv): mean over audio positions of ||dL_t/dK|| for every answer token t."""
     prep = bb.prepare(load_audio(audio, bb.sample_rate), PromptSpec())
     gen = generate_traced(bb, prep, TraceOptions(max_new_tokens=max_new_tokens))
-    rows = [torch.stack([g.norm(dim=-1).mean(dim=-1) for g in grads]).cpu().numpy()
-            for _, grads in key_gradients(bb, prep, list(gen.tokens))]
+    rows = [token_sensitivity(grads) for _, grads in key_gradients(bb, prep, list(gen.tokens))]
     return np.stack(rows)
 
 

@@ -14,22 +14,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvsim.trace import Trace, write_trace
 from kvsim.trace.heads import read_heads
 from kvsim.trace.schema import TraceError
-from kvsim.tracer.traceio import load_trace_data
+from kvsim.tracer.calibrate import store_in_trace
 
 
 def store(trace: Path, heads: Path) -> str:
     """Store ``heads`` in ``trace``; returns a one-line summary (ValueError when it does not fit)."""
     scores = read_heads(heads)
-    m = Trace(trace).meta.model
-    if scores.voice_score.shape != (m.n_layers, m.n_kv_heads):
-        raise ValueError(f"{trace}: (L, H_kv) = {(m.n_layers, m.n_kv_heads)}, {heads} has "
-                         f"{scores.voice_score.shape}")
-    data = load_trace_data(trace)
-    data.head_scores = scores
-    write_trace(trace, data)
+    store_in_trace(trace, scores)
     return f"{trace}: stored {heads} ({scores.source})"
 
 

@@ -205,6 +205,12 @@ def key_gradients(backbone: Backbone, prepared: Prepared, answer: list[int],
             p.requires_grad_(w)
 
 
+def token_sensitivity(grads: list[torch.Tensor]) -> np.ndarray:
+    """mean_tau || dL_t / dK_{l,k,tau} || of one answer token from its per-layer key gradients
+    (H_kv, A, D): (L, H_kv)."""
+    return torch.stack([g.norm(dim=-1).mean(dim=-1) for g in grads]).cpu().numpy()
+
+
 def sample_sensitivity(backbone: Backbone, prepared: Prepared, answer: list[int],
                        steps: np.ndarray | None = None) -> np.ndarray:
     """E_t[ mean_tau || dL_t / dK_{l,k,tau} || ] of one sample: (L, H_kv), over every answer
@@ -212,7 +218,7 @@ def sample_sensitivity(backbone: Backbone, prepared: Prepared, answer: list[int]
     total = None
     n = 0
     for _, grads in key_gradients(backbone, prepared, answer, steps):
-        per = torch.stack([g.norm(dim=-1).mean(dim=-1) for g in grads]).cpu().numpy()
+        per = token_sensitivity(grads)
         total = per if total is None else total + per
         n += 1
     if total is None:
@@ -332,20 +338,26 @@ def calibrate_into_traces(results: list, batch_cfg: Any, cfg: CalibrationConfig,
 def store_head_scores(results: list, scores: HeadScores, console: Any) -> None:
     """``kvsim trace --heads FILE``: store held-out calibration scores in every trace written
     (checked against each trace's shape)."""
-    from kvsim.trace import Trace, write_trace
-    from kvsim.tracer.traceio import load_trace_data
-
     for r in results:
         if r.status == "failed" or r.trace is None:
             continue
-        m = Trace(r.trace).meta.model
-        if scores.voice_score.shape != (m.n_layers, m.n_kv_heads):
-            raise ValueError(f"calibration scores have shape {scores.voice_score.shape}, "
-                             f"{r.trace} has (L, H_kv) = {(m.n_layers, m.n_kv_heads)}")
-        data = load_trace_data(r.trace)
-        data.head_scores = scores
-        write_trace(r.trace, data)
+        store_in_trace(r.trace, scores)
     console.print(f"stored head scores ({scores.source}) in the traces")
+
+
+def store_in_trace(trace: Path, scores: HeadScores) -> None:
+    """Rewrite ``trace`` atomically with ``scores`` as its calibration (the tensors unchanged);
+    ValueError (one line) when the shapes differ."""
+    from kvsim.trace import Trace, write_trace
+    from kvsim.tracer.traceio import load_trace_data
+
+    m = Trace(trace).meta.model
+    if scores.voice_score.shape != (m.n_layers, m.n_kv_heads):
+        raise ValueError(f"calibration scores have shape {scores.voice_score.shape}, "
+                         f"{trace} has (L, H_kv) = {(m.n_layers, m.n_kv_heads)}")
+    data = load_trace_data(trace)
+    data.head_scores = scores
+    write_trace(trace, data)
 
 
 @dataclass
