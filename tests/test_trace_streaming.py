@@ -1,6 +1,6 @@
-"""Layer-at-a-time trace writing, synthesis and reading give exactly what the whole-array
-paths gave: the same bytes on disk, the same arrays in memory (all exact by construction:
-the same float casts, element by element)."""
+"""Layer-at-a-time trace writing, synthesis and reading, and head-at-a-time prefill attention,
+give exactly what the whole-array paths gave: the same bytes on disk, the same arrays in memory
+(all exact by construction: the same float casts and products, element by element)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from kvsim.core.attention import causal_attention, causal_attention_columns
 from kvsim.core.views import WindowPrefillView
 from kvsim.replay.tensors import TraceTensors
 from kvsim.synth import SynthConfig, synthesize, write_synthetic
@@ -93,3 +94,22 @@ def test_prefill_view_with_a_small_cache_gives_the_same_attention(tmp_path: Path
         for layer in range(len(keys)):
             assert np.array_equal(small.audio_attention(layer), full.audio_attention(layer))
     assert list(small._cache) == [0]
+
+
+@pytest.mark.parametrize(("h_kv", "group", "n", "d", "seed"),
+                         [(1, 1, 9, 4, 0), (2, 4, 40, 8, 1), (8, 4, 300, 16, 2)])
+def test_prefill_attention_one_kv_head_at_a_time_is_the_whole_layers(
+        h_kv: int, group: int, n: int, d: int, seed: int) -> None:
+    """The prefill view's per-KV-head attention equals the whole layer's, bit for bit, for
+    contiguous and scattered columns and for queries in either memory order."""
+    rng = np.random.default_rng(seed)
+    keys = (rng.normal(size=(h_kv, n, d)) * 2).astype(np.float32)
+    window = np.sort(rng.choice(np.arange(n // 2, n), size=min(5, n // 2), replace=False))
+    q = rng.normal(size=(h_kv * group, len(window), d)).astype(np.float32)
+    span = int(window.max()) + 1  # the attention covers keys [0, last window position]
+    for columns in (np.arange(1, n // 2), np.sort(rng.choice(span, size=span // 3, replace=False))):
+        whole = causal_attention(q, keys, window)[:, :, columns]
+        for queries in (q, np.asfortranarray(q)):
+            per_head = causal_attention_columns(queries, keys, window, columns)
+            assert per_head.dtype == np.float32 and per_head.flags.c_contiguous
+            assert per_head.tobytes() == np.ascontiguousarray(whole).tobytes()

@@ -26,14 +26,18 @@ def gqa_logits(q: np.ndarray, keys: np.ndarray) -> np.ndarray:
     h_q = q.shape[0]
     g = h_q // h_kv
     scale = np.float32(1.0 / np.sqrt(d))
+    # scaled in place (the same float32 products as ``out * scale``, without a second array
+    # as large as the logits)
     if q.ndim == 2:
         qg = q.reshape(h_kv, g, d)
         out = np.matmul(qg, keys.transpose(0, 2, 1))  # (H_kv, g, N)
-        return (out * scale).reshape(h_q, -1)
+        out *= scale
+        return out.reshape(h_q, -1)
     m = q.shape[1]
     qg = q.reshape(h_kv, g * m, d)
     out = np.matmul(qg, keys.transpose(0, 2, 1))  # (H_kv, g*M, N)
-    return (out * scale).reshape(h_q, m, -1)
+    out *= scale
+    return out.reshape(h_q, m, -1)
 
 
 def softmax_(x: np.ndarray) -> np.ndarray:
@@ -54,6 +58,24 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, q_positions: np.ndarray) -
     future = np.arange(n)[None, :] > np.asarray(q_positions)[:, None]  # (M, N)
     logits[:, future] = -np.inf
     return softmax_(logits)
+
+
+def causal_attention_columns(q: np.ndarray, keys: np.ndarray, q_positions: np.ndarray,
+                             columns: np.ndarray) -> np.ndarray:
+    """``causal_attention(q, keys, q_positions)[:, :, columns]``, bit for bit, computed one
+    KV-head at a time.
+
+    The whole-layer attention (H_q, M, N) is never formed: at most one KV-head's, (g, M, N),
+    exists beside the (H_q, M, len(columns)) result. Each KV-head's logits are the same matrix
+    product of the same operands as in the stacked product, and softmax works row by row.
+    """
+    h_kv = keys.shape[0]
+    g = q.shape[0] // h_kv
+    out = np.empty((q.shape[0], q.shape[1], len(columns)), dtype=np.float32)
+    for head in range(h_kv):
+        rows = slice(head * g, (head + 1) * g)
+        out[rows] = causal_attention(q[rows], keys[head : head + 1], q_positions)[:, :, columns]
+    return out
 
 
 def as_f32(a: np.ndarray) -> np.ndarray:

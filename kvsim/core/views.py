@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from kvsim.core.attention import causal_attention
+from kvsim.core.attention import causal_attention_columns
 
 T = TypeVar("T")
 
@@ -176,7 +176,9 @@ class WindowPrefillView:
     The layers computed first are kept up to ``cache_bytes`` in all, plus the last one asked
     for; any other layer is recomputed, identically, when asked for again. (Policies scan the
     layers in order, one pass per score they compute: a least-recently-used cache smaller than
-    the scan would miss on every layer.)
+    the scan would miss on every layer.) A layer is computed one KV-head at a time
+    (:func:`kvsim.core.attention.causal_attention_columns`), so only one KV-head's attention
+    over every position exists beside the result.
     """
 
     def __init__(self, queries: Callable[[int], np.ndarray], keys: Sequence[np.ndarray],
@@ -202,9 +204,8 @@ class WindowPrefillView:
         if self._last is not None and self._last[0] == layer:
             return self._last[1]
         self._last = None  # freed before the next layer is computed
-        att = causal_attention(self._queries(layer), self._keys[layer], self._window)
-        out = np.ascontiguousarray(att[:, :, self._audio])
-        del att
+        out = causal_attention_columns(self._queries(layer), self._keys[layer], self._window,
+                                       self._audio)
         if out.nbytes <= self._cache_free:
             self._cache[layer] = out
             self._cache_free -= out.nbytes
