@@ -28,15 +28,22 @@ def window_scores(
         g = ctx.heads.group
         out = np.empty((ctx.heads.n_layers, ctx.heads.n_kv_heads, ctx.n_audio), dtype=np.float64)
         for layer in range(ctx.heads.n_layers):
-            att = view.audio_attention(layer)  # (H_q, W, T_a)
-            if window < att.shape[1]:
-                att = att[:, -window:, :]
-            per_q = att.sum(axis=1, dtype=np.float64)  # (H_q, T_a)
+            # no reference to a layer's attention outlives its line: the view frees it before
+            # computing the next layer
+            per_q = window_mass(view.audio_attention(layer), window)  # (H_q, T_a)
             out[layer] = kv_group_sum(per_q, g) / (g if reduce == "mean" else 1)
         out.flags.writeable = False
         return out
 
     return shared(view, ("window_scores", window, reduce), compute)
+
+
+def window_mass(att: np.ndarray, window: int) -> np.ndarray:
+    """(H_q, T_a) float64: one layer's (H_q, W, T_a) window attention summed over its last
+    ``window`` queries."""
+    if window < att.shape[1]:
+        att = att[:, -window:, :]
+    return att.sum(axis=1, dtype=np.float64)
 
 
 def pooled_window_scores(

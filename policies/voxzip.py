@@ -220,17 +220,21 @@ class VoxZip(Policy):
             return np.broadcast_to(per_kv.sum(axis=0), per_kv.shape)
         return per_kv
 
+    def _window_recurrence(self, score: np.ndarray, att: np.ndarray) -> np.ndarray:
+        """One layer's (H_kv, T_a) score after the recurrence over its (H_q, W, T_a) window
+        attention, query by query."""
+        for w in range(att.shape[1]):
+            score = decayed_accumulate(score, self._head_attention(att[:, w, :]), self.gamma)
+        return score
+
     def prefill(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         self._group = ctx.heads.group
         L, H, T = ctx.heads.n_layers, ctx.heads.n_kv_heads, ctx.n_audio
 
         def accumulate() -> np.ndarray:
             score = np.zeros((L, H, T), dtype=np.float64)
-            for layer in range(L):
-                att = view.audio_attention(layer)  # (H_q, W, T_a)
-                for w in range(att.shape[1]):
-                    score[layer] = decayed_accumulate(
-                        score[layer], self._head_attention(att[:, w, :]), self.gamma)
+            for layer in range(L):  # no reference to a layer's attention outlives its line
+                score[layer] = self._window_recurrence(score[layer], view.audio_attention(layer))
             return score
 
         # independent of the budget: computed once per prefill view for every VoxZip run
