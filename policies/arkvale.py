@@ -75,6 +75,14 @@ from kvsim.policies.registry import register
 _TIER_OF_RESIDENT = np.array([Tier.CPU, Tier.GPU], dtype=np.uint8)
 
 
+def last_query_page_max(audio_attention: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """(H_q, n_pages) float64: the largest attention the last window query of every q-head pays
+    to a token of each page, from one layer's (H_q, W, T_a) window attention over the audio
+    (pages starting at ``starts``). A maximum is exact, so it is the same whether taken per
+    layer or over a stack of layers."""
+    return np.maximum.reduceat(audio_attention[:, -1, :].astype(np.float64), starts, axis=-1)
+
+
 @register
 @dataclass
 class ArkVale(Policy):
@@ -151,9 +159,10 @@ class ArkVale(Policy):
         def prefill_scores() -> np.ndarray:  # (L, H_kv, P), the same for every budget
             if view.n_window == 0:
                 return np.zeros((h.n_layers, h.n_kv_heads, npg))
-            last = np.stack([view.audio_attention(layer)[:, -1, :].copy()  # (L, H_q, T_a)
-                             for layer in range(h.n_layers)]).astype(np.float64)
-            per_q = np.maximum.reduceat(last, page_starts(t_a, self.page_size), axis=-1)
+            starts = page_starts(t_a, self.page_size)
+            per_q = np.empty((h.n_layers, h.n_q_heads, npg))  # a layer at a time: no (L, H_q, T_a)
+            for layer in range(h.n_layers):
+                per_q[layer] = last_query_page_max(view.audio_attention(layer), starts)
             return self._combine(per_q.reshape(h.n_layers, h.n_kv_heads, h.group, npg))
 
         scores = shared(view, ("arkvale-prefill", self.page_size, self.group_reduce,
