@@ -18,7 +18,7 @@ logit), computed here for all pages at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 
 import numpy as np
@@ -90,13 +90,26 @@ def bounding_box_digest(keys: np.ndarray, page_size: int) -> tuple[np.ndarray, n
     lo, hi : (H_kv, n_pages, D) float32 arrays, ``lo = c - d`` and ``hi = c + d``
     """
     keys = _check_keys(keys)
+    h_kv, t_a, d = keys.shape
+    lo = np.empty((h_kv, n_pages(t_a, page_size), d), dtype=np.float32)
+    hi = np.empty_like(lo)
+    for head in range(h_kv):  # float64 temporaries of one KV-head at a time, not of the layer
+        lo[head : head + 1], hi[head : head + 1] = _head_box(keys[head : head + 1], page_size)
+    return lo, hi
+
+
+def _head_box(keys: np.ndarray, page_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`bounding_box_digest` of one KV-head's keys, shape (1, T_a, D).
+
+    Every page's box depends only on its own keys, and each reduction runs along the token
+    axis as it would over every head at once, so the result is the same bit for bit.
+    """
     t_a = keys.shape[1]
     starts = page_starts(t_a, page_size)
     lo = np.minimum.reduceat(keys, starts, axis=1).astype(np.float64)
     hi = np.maximum.reduceat(keys, starts, axis=1).astype(np.float64)
     centre = (hi + lo) / 2.0
-    page = page_of_position(t_a, page_size)
-    dev = np.abs(keys.astype(np.float64) - centre[:, page, :])
+    dev = np.abs(keys.astype(np.float64) - centre[:, _position_pages(t_a, page_size), :])
     radius = np.add.reduceat(dev, starts, axis=1) / page_sizes(t_a, page_size)[None, :, None]
     return (centre - radius).astype(np.float32), (centre + radius).astype(np.float32)
 
@@ -150,13 +163,30 @@ class PageBoxes:
 class LayerPageBoxes:
     """The :class:`PageBoxes` of every layer stacked, for the bounds of one step's queries of
     all layers in one batched product (the same per-(layer, KV-head) products as
-    :meth:`PageBoxes.upper_bound`, so the same float32 results)."""
+    :meth:`PageBoxes.upper_bound`, so the same float32 results).
 
-    def __init__(self, boxes: list[PageBoxes]) -> None:
-        self.n_kv_heads, self.n_pages, self.head_dim = (
-            boxes[0].n_kv_heads, boxes[0].n_pages, boxes[0].head_dim)
-        self._mid_t = np.stack([b._mid_t for b in boxes])  # (L, H_kv, D, P)
-        self._half_t = np.stack([b._half_t for b in boxes])
+    Parameters
+    ----------
+    boxes : iterable of PageBoxes
+        Every layer's boxes, in layer order, all of one shape. They are copied into the stack
+        one at a time, so a generator that computes each layer's boxes when asked keeps only
+        one layer's beside the stack (a list of every layer's would double their memory).
+    n_layers : int
+        Number of layers ``boxes`` yields.
+    """
+
+    def __init__(self, boxes: Iterable[PageBoxes], n_layers: int) -> None:
+        filled = 0
+        for layer, box in enumerate(boxes):
+            if layer == 0:
+                self.n_kv_heads, self.n_pages, self.head_dim = (
+                    box.n_kv_heads, box.n_pages, box.head_dim)
+                self._mid_t = np.empty((n_layers, *box._mid_t.shape), dtype=np.float32)
+                self._half_t = np.empty_like(self._mid_t)  # both (L, H_kv, D, P)
+            self._mid_t[layer], self._half_t[layer] = box._mid_t, box._half_t
+            filled = layer + 1
+        if filled != n_layers or not filled:
+            raise ValueError(f"LayerPageBoxes: {filled} layers of boxes given, {n_layers} expected")
 
     def upper_bound(self, queries: np.ndarray) -> np.ndarray:
         """(L, H_kv, g, n_pages) bound for the (L, H_q, D) queries (float32 arithmetic)."""

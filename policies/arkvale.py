@@ -210,8 +210,14 @@ class ArkVale(Policy):
     def digest(self, layer: int, keys: np.ndarray) -> PageBoxes:
         """Bounding boxes ``c -/+ d`` of the pages of ``layer``, computed once."""
         if layer not in self._digests:
-            self._digests[layer] = PageBoxes(*bounding_box_digest(keys, self.page_size))
+            self._digests[layer] = self._boxes(layer, keys)
         return self._digests[layer]
+
+    def _boxes(self, layer: int, keys: np.ndarray) -> PageBoxes:
+        """The boxes of ``layer``: those :meth:`digest` kept, else computed and not kept."""
+        if layer in self._digests:
+            return self._digests[layer]
+        return PageBoxes(*bounding_box_digest(keys, self.page_size))
 
     def page_scores(self, view: QueryView) -> np.ndarray:
         """Upper bound of ``q . k`` over every page box for the current query, (H_kv, n_pages)."""
@@ -270,9 +276,10 @@ class ArkVale(Policy):
         geometry = self._geometry()
 
         def scores() -> np.ndarray:  # (L, H_kv, P)
-            if self._stacked is None:
-                self._stacked = LayerPageBoxes([self.digest(layer, view.audio_keys(layer))
-                                                for layer in range(self._resident.shape[0])])
+            if self._stacked is None:  # each layer's boxes go into the stack, not kept apart
+                n_layers = self._resident.shape[0]
+                self._stacked = LayerPageBoxes((self._boxes(layer, view.audio_keys(layer))
+                                                for layer in range(n_layers)), n_layers)
             return self._combine(self._stacked.upper_bound(view.queries()))
 
         def ascending() -> tuple[np.ndarray, np.ndarray]:

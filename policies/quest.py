@@ -93,8 +93,14 @@ class Quest(Policy):
     def digest(self, layer: int, keys: np.ndarray) -> PageBoxes:
         """Min/max page boxes of ``layer``, computed once from its audio keys."""
         if layer not in self._digests:
-            self._digests[layer] = PageBoxes(*minmax_digest(keys, self.page_size))
+            self._digests[layer] = self._boxes(layer, keys)
         return self._digests[layer]
+
+    def _boxes(self, layer: int, keys: np.ndarray) -> PageBoxes:
+        """The boxes of ``layer``: those :meth:`digest` kept, else computed and not kept."""
+        if layer in self._digests:
+            return self._digests[layer]
+        return PageBoxes(*minmax_digest(keys, self.page_size))
 
     def page_scores(self, view: QueryView) -> np.ndarray:
         """Criticality upper bound of every page for the current query, (H_kv, n_pages)."""
@@ -118,9 +124,9 @@ class Quest(Policy):
         the budget: computed once per step for every Quest run. Dense layers read every
         position (all of Quest's audio is on GPU), as ``select`` returning None does."""
         def scores() -> np.ndarray:  # (L, H_kv, P)
-            if self._stacked is None:
-                self._stacked = LayerPageBoxes(
-                    [self.digest(layer, view.audio_keys(layer)) for layer in range(self._n_layers)])
+            if self._stacked is None:  # each layer's boxes go into the stack, not kept apart
+                self._stacked = LayerPageBoxes((self._boxes(layer, view.audio_keys(layer))
+                                                for layer in range(self._n_layers)), self._n_layers)
             return reduce_group(self._stacked.upper_bound(view.queries()), self.group_reduce)
 
         key = ("quest-all", self.page_size, self.group_reduce)

@@ -41,6 +41,28 @@ def test_bound_dominates_every_point_of_the_box(t_a: int, d: int, seed: int) -> 
     assert np.allclose(bound, np.einsum("gd,gpd->gp", q.astype(np.float64), corners), rtol=0, atol=tol)
 
 
+@pytest.mark.parametrize(("h_kv", "t_a", "d", "page", "seed"),
+                         [(1, 1, 1, 32, 0), (3, 100, 5, 32, 1), (8, 1000, 16, 32, 2), (4, 77, 8, 7, 3)])
+def test_digest_one_head_at_a_time_is_the_whole_layers(h_kv: int, t_a: int, d: int, page: int,
+                                                       seed: int) -> None:
+    """The digest computed a KV-head at a time (float64 temporaries of one head) equals the
+    whole-layer formula bit for bit, also on a view of a wider key array (the audio span)."""
+    rng = np.random.default_rng(seed)
+    wide = (rng.normal(size=(h_kv, t_a + 9, d)) * 4).astype(np.float32)
+    for keys in (np.ascontiguousarray(wide[:, :t_a]), wide[:, 5 : 5 + t_a]):
+        starts = np.arange(0, t_a, page)
+        lo = np.minimum.reduceat(keys, starts, axis=1).astype(np.float64)
+        hi = np.maximum.reduceat(keys, starts, axis=1).astype(np.float64)
+        centre = (hi + lo) / 2.0
+        dev = np.abs(keys.astype(np.float64) - centre[:, page_of_position(t_a, page), :])
+        sizes = np.minimum(starts + page, t_a) - starts
+        radius = np.add.reduceat(dev, starts, axis=1) / sizes[None, :, None]
+        got = bounding_box_digest(keys, page)
+        for a, b in zip(got, ((centre - radius).astype(np.float32),
+                              (centre + radius).astype(np.float32)), strict=True):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
 def test_box_is_within_minmax_box() -> None:
     keys = np.random.default_rng(1).normal(size=(2, 100, 5)).astype(np.float32)
     lo, hi = bounding_box_digest(keys, 32)
