@@ -1,11 +1,15 @@
 """The replay engine's units on hand-made inputs: step-log transfer counts, tier updates that
-write through to the arrays shared by all runs, and the batched metrics' exact cases."""
+write through to the arrays shared by all runs, the step-attention buffers, and the batched
+metrics' exact cases."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
-from kvsim.policies.base import HeadLayout, Tier
+from kvsim.policies.base import BufferStepView, HeadLayout, Tier, all_audio_attention
+from kvsim.replay.buffers import StepAttentionBuffers
 from kvsim.replay.engine import PolicySpec
 from kvsim.replay.logwriter import StepLogWriter
 from kvsim.replay.metrics import MetricAccumulator
@@ -59,6 +63,43 @@ def test_tier_updates_write_through_to_the_shared_masks() -> None:
     np.testing.assert_array_equal(resident[:, 1], fresh.resident)
     np.testing.assert_array_equal(masks[:, 0], first == Tier.GPU)  # the other run untouched
     assert (runs[1].n_gpu, runs[1].n_cpu) == (fresh.n_gpu, fresh.n_cpu)
+
+
+def _reader(layers: list[int] | None) -> PolicyRun:
+    """A run whose policy reads the step attention of ``layers`` (None: every layer)."""
+    policy = SimpleNamespace(needs_step_attention=True, step_attention_layers=lambda: layers)
+    return PolicyRun(PolicySpec("full", 1.0), policy, StepLogWriter(HEADS, N_AUDIO, 1, 2))
+
+
+def test_step_attention_buffers_hold_the_layers_read() -> None:
+    """Runs reading every layer share one array; a run reading some layers holds only those
+    plus one NaN row for the others; every layer read gets the renormalised restriction."""
+    rng = np.random.default_rng(3)
+    runs = [_reader([1]), _reader(None), _run(np.zeros((2, 2, N_AUDIO), np.uint8)), _reader(None)]
+    runs[2].policy = SimpleNamespace(needs_step_attention=False)
+    buffers = StepAttentionBuffers(runs, HEADS, N_AUDIO)
+    assert runs[0].buffer.shape == (2, HEADS.n_q_heads, N_AUDIO)  # layer 1 and the NaN row
+    assert buffers.buffers.shape[0] == 2 and runs[2].buffer is None
+    group = HEADS.group
+    expected = {}
+    for layer in range(HEADS.n_layers):
+        att = rng.random((HEADS.n_kv_heads, group, N_AUDIO)).astype(np.float32)
+        masks = rng.integers(0, 2, (len(runs), HEADS.n_kv_heads, N_AUDIO)).astype(np.float32)
+        norm = rng.uniform(0.5, 1.0, (len(runs), HEADS.n_q_heads)).astype(np.float32)
+        buffers.fill(layer, att, masks, norm)
+        for r in range(len(runs)):  # elementwise float32: exact
+            kept = att * masks[r][:, None, :] / norm[r].reshape(HEADS.n_kv_heads, group, 1)
+            expected[r, layer] = kept.reshape(HEADS.n_q_heads, N_AUDIO)
+    views = [BufferStepView(0, run.buffer, run.buffer_rows) for run in runs]
+    for r in (0, 1, 3):
+        for layer in range(HEADS.n_layers):
+            got = views[r].audio_attention(layer)
+            if r == 0 and layer == 0:
+                assert np.isnan(got).all()  # not read: NaN, never stale
+            else:
+                assert got.tobytes() == expected[r, layer].tobytes()
+    assert all_audio_attention(views[1], HEADS.n_layers) is runs[1].buffer
+    assert np.isnan(all_audio_attention(views[0], HEADS.n_layers)[0]).all()
 
 
 def test_metrics_exact_cases_and_recall_bound() -> None:

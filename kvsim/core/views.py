@@ -90,25 +90,31 @@ class StepQueryView(Protocol):
 
 @dataclass
 class BufferStepView:
-    """A :class:`StepView` over a (L, H_q, T_a) buffer that the driver (replay engine or live
-    decoding) fills with the compressed attention of every layer."""
+    """A :class:`StepView` over a buffer that the driver (replay engine or live decoding)
+    fills with the compressed attention of every layer the policy reads.
+
+    ``buffer`` is (L, H_q, T_a), one row per layer, when ``rows`` is None; otherwise ``rows``
+    (L,) gives the buffer row of every layer, and the layers the policy does not read share a
+    row of NaN (so that reading one shows), which keeps the buffer as small as the layers read.
+    """
 
     step: int
     buffer: np.ndarray | None
+    rows: np.ndarray | None = None
 
     def audio_attention(self, layer: int) -> np.ndarray:
         if self.buffer is None:
             raise RuntimeError("policy did not set needs_step_attention = True")
-        return self.buffer[layer]
+        return self.buffer[layer if self.rows is None else self.rows[layer]]
 
 
 def all_audio_attention(view: StepView, n_layers: int) -> np.ndarray:
     """Every layer's :meth:`StepView.audio_attention` as one (L, H_q, T_a) array (read-only use).
 
-    The driver's :class:`BufferStepView` already holds them in one buffer, returned as is; any
-    other view is stacked layer by layer.
+    The driver's :class:`BufferStepView` with a row per layer already holds them in one buffer,
+    returned as is; any other view is stacked layer by layer.
     """
-    if isinstance(view, BufferStepView) and view.buffer is not None:
+    if isinstance(view, BufferStepView) and view.buffer is not None and view.rows is None:
         return view.buffer
     return np.stack([view.audio_attention(layer) for layer in range(n_layers)])
 

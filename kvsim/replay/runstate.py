@@ -22,8 +22,9 @@ class PolicyRun:
 
     ``gpu_mask`` and ``resident`` start as arrays of their own and become slots of the arrays
     the engine shares between runs (:func:`kvsim.replay.steploop.share_gpu_masks`); the tier
-    updates below write through to them. ``buffer`` is set by the step-attention buffers for a
-    policy that reads the compressed attention after each step.
+    updates below write through to them. ``buffer`` (and ``buffer_rows`` when it holds only
+    the layers the policy reads) is set by the step-attention buffers for a policy that reads
+    the compressed attention after each step.
     """
 
     def __init__(self, spec: PolicySpec, policy: Policy, log: StepLogWriter) -> None:
@@ -37,6 +38,7 @@ class PolicyRun:
         self.n_gpu = 0  # GPU-resident audio tokens, all layers and KV-heads
         self.n_cpu = 0  # CPU-only audio tokens
         self.buffer: np.ndarray | None = None  # (L, H_q, T_a) compressed attention of a step
+        self.buffer_rows: np.ndarray | None = None  # (L,) row of ``buffer`` of every layer
         self.history: list[np.ndarray] | None = None  # tiers after prefill and every step
         self.seconds = 0.0
 
@@ -88,7 +90,7 @@ class PolicyRun:
         if self.policy.query_aware:
             new = self.timed(self.policy.current_tiers)
         else:
-            new = self.timed(self.policy.decode_step, BufferStepView(step, self.buffer))
+            new = self.timed(self.policy.decode_step, BufferStepView(step, self.buffer, self.buffer_rows))
         if not (new is None or new is prev and not self.policy.query_aware):
             self._adopt_changes(new, step, check_invariants)
         self.log.record_tiers(step, self.n_gpu, self.n_cpu)
