@@ -59,6 +59,8 @@ class TrainConfig:
     eval_clips: int = 6
     ckpt_every: int = 25
     max_minutes: float = 1e9
+    # stop (with a checkpoint) at this step of the ``steps``-long schedule; 0: at its end
+    stop_step: int = 0
     bf16: bool = True
     p_long: float = 0.25  # share of steps on 30-60 s (two-window) clips, batch // 2 of them
     threads: int = 1  # torch intra-op threads
@@ -466,7 +468,8 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     model.train()
     bar = tqdm(total=cfg.steps, initial=step, desc="train", mininterval=10, disable=not lead)
     ema = None
-    while step < cfg.steps:
+    end = min(cfg.stop_step or cfg.steps, cfg.steps)
+    while step < end:
         rows = batch_rows(step * world + rank, cfg, train_rows, long_rows)
         res = train_step(model, proc, rows, cache_dir, cfg, opt, sched, proj + lora, probe,
                          world, t0)
@@ -477,7 +480,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
         if lead:
             best = record_step(run, log, cfg, model, proc, dev_rows, step, ema, res, best,
                                time.time() - t0, sched.get_last_lr()[0], world)
-        checkpoint = step % cfg.ckpt_every == 0 or step == cfg.steps or res.out_of_time
+        checkpoint = step % cfg.ckpt_every == 0 or step == end or res.out_of_time
         if lead and checkpoint:
             export(run, cfg, model, step, best, "last.safetensors")
             save_ckpt(run / "last.pt", model, opt, sched, step, best, cfg)
