@@ -74,6 +74,7 @@ class TrainConfig:
     # decoder layers it guides (the ones that align, docs/minivox.md) and the margin in
     # seconds around each word's audio
     align_weight: float = 0.0
+    align_log: bool = False  # log the guided loss without training on it (a control run)
     align_layers: str = "20,21,22,23"
     align_margin: float = 0.4
 
@@ -209,6 +210,9 @@ def loss_fn(model, batch: Batch, probe: AttentionProbe | None = None,
     loss = F.cross_entropy(logits.float(), batch.labels[sel])
     if probe is None:
         return loss, None
+    if align_weight == 0:  # measured only (TrainConfig.align_log): no graph, no gradient
+        with torch.no_grad():
+            return loss, guided_loss(probe, batch.guides).item()
     guided = guided_loss(probe, batch.guides)
     return loss + align_weight * guided, guided.item()
 
@@ -462,7 +466,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
                  if cfg.p_long + cfg.p_concat > 0 else [])
     probe = (AttentionProbe(model.model.language_model,
                             [int(x) for x in cfg.align_layers.split(",")])
-             if cfg.align_weight > 0 else None)
+             if cfg.align_weight > 0 or cfg.align_log else None)
     log = (run / "log.jsonl").open("a") if lead else None
     t0 = time.time()
     model.train()

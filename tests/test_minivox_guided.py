@@ -169,3 +169,47 @@ def test_guided_loss_needs_targets() -> None:
     probe = AttentionProbe(_tiny_llama(), [0])
     with pytest.raises(ValueError, match="no batch row"):
         guided_loss(probe, [None])
+
+
+def _wrapped(llama):
+    """The attributes of minivox that loss_fn reads, around a tiny Llama decoder."""
+    from types import SimpleNamespace
+
+    torch.manual_seed(1)
+    head = torch.nn.Linear(llama.config.hidden_size, llama.config.vocab_size, bias=False).double()
+    return SimpleNamespace(model=SimpleNamespace(language_model=llama), lm_head=head)
+
+
+def test_loss_fn_adds_the_weighted_guided_loss_or_only_measures_it() -> None:
+    from kvsim.minivox.train import Batch, loss_fn
+
+    llama = _tiny_llama()
+    model = _wrapped(llama)
+    embeds = torch.randn(1, 20, 32, dtype=torch.float64)
+    labels = torch.full((1, 20), -100)
+    labels[0, 13:19] = torch.randint(0, 50, (6,))
+    t = _targets(10, 2, range(13, 19), [[0, 2], [2, 4], [4, 6], [5, 7], [7, 9], [8, 10]])
+    batch = Batch(embeds, torch.ones(1, 20, dtype=torch.long), labels, [t])
+    probe = AttentionProbe(llama, [1, 2])
+
+    def grads(loss):
+        llama.zero_grad()
+        loss.backward()
+        return llama.layers[1].self_attn.q_proj.weight.grad.clone()
+
+    plain, none = loss_fn(model, batch)
+    assert none is None
+    g_plain = grads(plain)
+    measured, value = loss_fn(model, batch, probe, 0.0)
+    assert measured.item() == plain.item()  # measured only: the same loss, the same gradient
+    torch.testing.assert_close(grads(measured), g_plain, rtol=0, atol=0)
+    with torch.no_grad(), probe.capture():
+        llama(inputs_embeds=embeds)
+        want = float(guided_loss(probe, [t]))
+    # float64 throughout: the same operations give the same value up to the last bits of the
+    # final sum (1e-12 relative is ~4,500 ulps, and a missing or doubled term is O(1))
+    assert value == pytest.approx(want, rel=1e-12)
+    weighted, value2 = loss_fn(model, batch, probe, 0.5)
+    assert value2 == pytest.approx(want, rel=1e-12)
+    assert weighted.item() == pytest.approx(plain.item() + 0.5 * want, rel=1e-12)
+    assert not torch.equal(grads(weighted), g_plain)  # the guided term trains the layer
