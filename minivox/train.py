@@ -23,6 +23,7 @@ import os
 import random
 import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from kvsim.wer import corpus_wer
 
 from .build import REPO_WEIGHTS, build_base, read_adapter, save_adapter, split_adapter
 from .data import parse_shard, read_manifest
+from .guided import AttentionProbe, GuideTargets, guided_loss, target_spans
 from .lora import add_lora, load_lora_state, lora_state
 
 
@@ -57,6 +59,8 @@ class TrainConfig:
     eval_clips: int = 6
     ckpt_every: int = 25
     max_minutes: float = 1e9
+    # stop (with a checkpoint) at this step of the ``steps``-long schedule; 0: at its end
+    stop_step: int = 0
     bf16: bool = True
     p_long: float = 0.25  # share of steps on 30-60 s (two-window) clips, batch // 2 of them
     threads: int = 1  # torch intra-op threads
@@ -66,6 +70,13 @@ class TrainConfig:
     concat_max: int = 4
     # comma-separated manifest splits whose clips make up the short-clip batches
     train_splits: str = "train"
+    # alignment-guided attention (kvsim.minivox.guided): weight of the loss (0: off), the
+    # decoder layers it guides (the ones that align, docs/minivox.md) and the margin in
+    # seconds around each word's audio
+    align_weight: float = 0.0
+    align_log: bool = False  # log the guided loss without training on it (a control run)
+    align_layers: str = "20,21,22,23"
+    align_margin: float = 0.4
 
 
 def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
@@ -91,11 +102,14 @@ def joined_row(parts: list[dict]) -> dict:
     return {"parts": parts, "text": " ".join(p["text"] for p in parts)}
 
 
+def part_encodings(model, proc, row: dict, cache_dir: Path) -> list[torch.Tensor]:
+    """Encoder output of each clip of a manifest row (one) or of a :func:`joined_row`."""
+    return [encoder_cache(model, proc, p, cache_dir) for p in row.get("parts", [row])]
+
+
 def example_encoding(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
     """Encoder output of a manifest row, or of a :func:`joined_row` (windows concatenated)."""
-    if "parts" in row:
-        return torch.cat([encoder_cache(model, proc, p, cache_dir) for p in row["parts"]])
-    return encoder_cache(model, proc, row, cache_dir)
+    return torch.cat(part_encodings(model, proc, row, cache_dir))
 
 
 def batch_rows(step: int, cfg: TrainConfig, train_rows: list[dict],
@@ -125,15 +139,28 @@ def batch_rows(step: int, cfg: TrainConfig, train_rows: list[dict],
     return out
 
 
-def make_batch(model, proc, rows: list[dict], cache_dir: Path):
-    """Inputs embeds, attention mask, and (positions, labels) of the scored tokens."""
+@dataclass
+class Batch:
+    """One training batch: decoder inputs, scored labels and the guided-attention targets."""
+
+    embeds: torch.Tensor  #: (B, L, d) input embeddings, audio tokens projected in
+    mask: torch.Tensor  #: (B, L) attention mask
+    labels: torch.Tensor  #: (B, L) next-token labels, -100 where not scored
+    guides: list[GuideTargets] | None = None  #: per row, with ``align_margin`` given
+
+
+def make_batch(model, proc, rows: list[dict], cache_dir: Path,
+               align_margin: float | None = None) -> Batch:
+    """The decoder inputs of ``rows``; with ``align_margin`` (seconds) also the targets of the
+    alignment-guided loss (:mod:`kvsim.minivox.guided`)."""
     tok = proc.tokenizer
     end_id = tok.convert_tokens_to_ids("<|im_end|>")
-    seqs, audio_feats = [], []
+    seqs, audio_feats, part_tokens = [], [], []
     for r in rows:
-        enc = example_encoding(model, proc, r, cache_dir)
-        n_audio = enc.shape[0] // 4
-        prompt = tok(proc.transcription_prompt(n_audio), add_special_tokens=False)["input_ids"]
+        encs = part_encodings(model, proc, r, cache_dir)
+        enc = torch.cat(encs)
+        part_tokens.append([e.shape[0] // 4 for e in encs])
+        prompt = tok(proc.transcription_prompt(enc.shape[0] // 4), add_special_tokens=False)["input_ids"]
         target = tok(r["text"], add_special_tokens=False)["input_ids"] + [end_id]
         seqs.append((prompt, target))
         audio_feats.append(enc)
@@ -151,15 +178,43 @@ def make_batch(model, proc, rows: list[dict], cache_dir: Path):
     audio_emb = model.model.multi_modal_projector(audio)
     amask = (ids == model.config.audio_token_id).unsqueeze(-1).expand_as(embeds)
     embeds = embeds.masked_scatter(amask, audio_emb.to(embeds.dtype))
-    return embeds, mask, labels
+    guides = None
+    if align_margin is not None:
+        guides = [_guide(tok, r, n, ids[i] == model.config.audio_token_id, len(seqs[i][0]),
+                         align_margin) for i, (r, n) in enumerate(zip(rows, part_tokens, strict=True))]
+    return Batch(embeds, mask, labels, guides)
 
 
-def loss_fn(model, embeds, mask, labels) -> torch.Tensor:
-    out = model.model.language_model(inputs_embeds=embeds, attention_mask=mask, use_cache=False)
-    sel = labels != -100
-    h = out.last_hidden_state[sel]
-    logits = model.lm_head(h)
-    return F.cross_entropy(logits.float(), labels[sel])
+def _guide(tok, row: dict, part_tokens: list[int], is_audio: torch.Tensor, prompt_len: int,
+           margin: float) -> GuideTargets:
+    """The guided-loss targets of one batch row: the query predicting transcript token j sits
+    at ``prompt_len - 1 + j`` (the end token is not guided)."""
+    spans = torch.from_numpy(target_spans(tok, row, part_tokens, margin))
+    audio_positions = torch.nonzero(is_audio).flatten()
+    spans = spans.clamp(max=len(audio_positions))
+    return GuideTargets(prompt_len - 1 + torch.arange(len(spans)), audio_positions, spans)
+
+
+def loss_fn(model, batch: Batch, probe: AttentionProbe | None = None,
+            align_weight: float = 0.0) -> tuple[torch.Tensor, float | None]:
+    """Transcript cross-entropy, plus ``align_weight`` x the guided-attention loss with a probe.
+
+    Returns the total loss and the guided loss's value (None without a probe).
+    """
+    ctx = probe.capture() if probe is not None else nullcontext()
+    with ctx:
+        out = model.model.language_model(inputs_embeds=batch.embeds, attention_mask=batch.mask,
+                                         use_cache=False)
+    sel = batch.labels != -100
+    logits = model.lm_head(out.last_hidden_state[sel])
+    loss = F.cross_entropy(logits.float(), batch.labels[sel])
+    if probe is None:
+        return loss, None
+    if align_weight == 0:  # measured only (TrainConfig.align_log): no graph, no gradient
+        with torch.no_grad():
+            return loss, guided_loss(probe, batch.guides).item()
+    guided = guided_loss(probe, batch.guides)
+    return loss + align_weight * guided, guided.item()
 
 
 @torch.no_grad()
@@ -269,26 +324,11 @@ def average_across_ranks(params: list[torch.nn.Parameter], *scalars: float) -> l
     return flat[off:].tolist()
 
 
-def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
-          init_projector: Path | None = None, init_adapter: Path | None = None) -> None:
-    """Stage 2: projector + LoRA, end to end on the transcription loss.
+def trainable_model(cfg: TrainConfig):
+    """minivox with the decoder frozen (bf16 with ``cfg.bf16``) and fresh LoRA factors.
 
-    A new run starts from ``init_projector`` (stage-1 projector weights, LoRA at zero) or from
-    ``init_adapter`` (a trained adapter file: projector and LoRA, e.g. another run's
-    ``last.safetensors``) with a fresh optimizer and learning-rate schedule; a run with a
-    ``last.pt`` resumes from it and ignores both.
-
-    Data parallel (:func:`data_parallel`, W processes): each step is W sub-batches, one per
-    process (sub-batch ``step * W + rank`` of the single-process schedule), with averaged
-    gradients.
+    Returns the model, its processor and the (projector, LoRA) parameter lists to train.
     """
-    torch.set_num_threads(cfg.threads)
-    random.seed(cfg.seed)
-    world, rank = data_parallel()
-    lead = rank == 0  # writes the log, checkpoints and exports
-    run.mkdir(parents=True, exist_ok=True)
-    if lead:
-        (run / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
     model, proc = build_base(seed=cfg.seed)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -304,6 +344,11 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     proj, lora = trainable(model)
     for p in proj + lora:
         p.requires_grad_(True)
+    return model, proc, proj, lora
+
+
+def optimizer(cfg: TrainConfig, proj: list, lora: list):
+    """AdamW (projector and LoRA learning rates) and its warm-up + cosine schedule to x0.1."""
     opt = torch.optim.AdamW([
         {"params": proj, "lr": cfg.lr},
         {"params": lora, "lr": cfg.lora_lr},
@@ -315,12 +360,16 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
         frac = (s - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
-    step, best = 0, float("inf")
-    train_rows = [r for split in cfg.train_splits.split(",")
-                  for r in read_manifest(data, split).to_dicts()]
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
+
+
+def start_or_resume(run: Path, model, proc, opt, sched, train_rows: list[dict], data: Path,
+                    init_projector: Path | None, init_adapter: Path | None,
+                    lead: bool) -> tuple[int, float]:
+    """Resume from ``run/last.pt`` if there is one, else initialise a new run; (step, best)."""
     if init_projector is not None and init_adapter is not None:
         raise ValueError("give --init-projector or --init-adapter, not both")
+    say = print if lead else (lambda *a, **k: None)
     last = run / "last.pt"
     if last.is_file():  # resume; the initialisations below are for a new run only
         st = torch.load(last, weights_only=True)
@@ -329,88 +378,155 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
         opt.load_state_dict(st["opt"])
         sched.load_state_dict(st["sched"])
         step, best = int(st["step"]), float(st["best"])
-        if lead:
-            print(f"resumed from {last} at step {step} (best dev WER {best:.4f})", flush=True)
-    elif init_adapter is not None:
+        say(f"resumed from {last} at step {step} (best dev WER {best:.4f})", flush=True)
+        return step, best
+    if init_adapter is not None:
         load_trainable_adapter(model, init_adapter)
-        if lead:
-            print(f"projector and LoRA initialised from {init_adapter}", flush=True)
+        say(f"projector and LoRA initialised from {init_adapter}", flush=True)
     elif init_projector is not None:
         from safetensors.torch import load_file
 
         model.model.multi_modal_projector.load_state_dict(load_file(str(init_projector)))
         factor = match_embedding_norm(model, proc, train_rows[:16], data / "enc_cache")
-        if lead:
-            print(f"projector initialised from {init_projector} (output scaled x{factor:.3f} to "
-                  "the decoder's mean embedding norm)", flush=True)
+        say(f"projector initialised from {init_projector} (output scaled x{factor:.3f} to "
+            "the decoder's mean embedding norm)", flush=True)
+    return 0, float("inf")
 
+
+@dataclass
+class StepResult:
+    """What one optimisation step measured (this rank's losses averaged over the ranks)."""
+
+    loss: float
+    align_loss: float | None
+    out_of_time: bool
+    seconds: dict[str, float]
+
+
+def train_step(model, proc, rows: list[dict], cache_dir: Path, cfg: TrainConfig, opt, sched,
+               params: list, probe: AttentionProbe | None, world: int, t0: float) -> StepResult:
+    """Forward, backward (gradients averaged over the ranks), clip to norm 1, step."""
+    t_step = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        batch = make_batch(model, proc, rows, cache_dir,
+                           cfg.align_margin if probe is not None else None)
+        t_fwd = time.perf_counter()
+        loss, guided = loss_fn(model, batch, probe, cfg.align_weight)
+    opt.zero_grad(set_to_none=True)
+    t_bwd = time.perf_counter()
+    loss.backward()
+    loss_value = loss.item()
+    out_of_time = float((time.time() - t0) / 60 > cfg.max_minutes)
+    if world > 1:  # every rank stops at the same step
+        loss_value, out_of_time = average_across_ranks(params, loss_value, out_of_time)
+    t_opt = time.perf_counter()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
+    t_end = time.perf_counter()
+    return StepResult(loss_value, guided, bool(out_of_time),
+                      {"s_batch": t_fwd - t_step, "s_fwd": t_bwd - t_fwd,
+                       "s_bwd": t_opt - t_bwd, "s_opt": t_end - t_opt})
+
+
+def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
+          init_projector: Path | None = None, init_adapter: Path | None = None) -> None:
+    """Stage 2: projector + LoRA, end to end on the transcription loss.
+
+    A new run starts from ``init_projector`` (stage-1 projector weights, LoRA at zero) or from
+    ``init_adapter`` (a trained adapter file: projector and LoRA, e.g. another run's
+    ``last.safetensors``) with a fresh optimizer and learning-rate schedule; a run with a
+    ``last.pt`` resumes from it and ignores both. With ``cfg.align_weight > 0`` the loss adds
+    the alignment-guided attention loss (:mod:`kvsim.minivox.guided`).
+
+    Data parallel (:func:`data_parallel`, W processes): each step is W sub-batches, one per
+    process (sub-batch ``step * W + rank`` of the single-process schedule), with averaged
+    gradients.
+    """
+    torch.set_num_threads(cfg.threads)
+    random.seed(cfg.seed)
+    world, rank = data_parallel()
+    lead = rank == 0  # writes the log, checkpoints and exports
+    if lead and cfg.bf16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        print("warning: this CPU has no bf16 matrix units; bf16 autocast is emulated (a bf16 "
+              "matmul measured ~50x slower than fp32 on an AVX2 CPU): consider --no-bf16",
+              flush=True)
+    run.mkdir(parents=True, exist_ok=True)
+    if lead:
+        (run / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
+    model, proc, proj, lora = trainable_model(cfg)
+    opt, sched = optimizer(cfg, proj, lora)
+    train_rows = [r for split in cfg.train_splits.split(",")
+                  for r in read_manifest(data, split).to_dicts()]
+    step, best = start_or_resume(run, model, proc, opt, sched, train_rows, data,
+                                 init_projector, init_adapter, lead)
     dev_rows = read_manifest(data, "dev").to_dicts()[: cfg.eval_clips]
     cache_dir = data / "enc_cache"
     long_rows = (read_manifest(data, "train_long").to_dicts()
                  if cfg.p_long + cfg.p_concat > 0 else [])
-
+    probe = (AttentionProbe(model.model.language_model,
+                            [int(x) for x in cfg.align_layers.split(",")])
+             if cfg.align_weight > 0 or cfg.align_log else None)
     log = (run / "log.jsonl").open("a") if lead else None
     t0 = time.time()
     model.train()
     bar = tqdm(total=cfg.steps, initial=step, desc="train", mininterval=10, disable=not lead)
     ema = None
-    while step < cfg.steps:
+    end = min(cfg.stop_step or cfg.steps, cfg.steps)
+    while step < end:
         rows = batch_rows(step * world + rank, cfg, train_rows, long_rows)
-        t_step = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            embeds, mask, labels = make_batch(model, proc, rows, cache_dir)
-            t_fwd = time.perf_counter()
-            loss = loss_fn(model, embeds, mask, labels)
-        opt.zero_grad(set_to_none=True)
-        t_bwd = time.perf_counter()
-        loss.backward()
-        loss_value = loss.item()
-        out_of_time = float((time.time() - t0) / 60 > cfg.max_minutes)
-        if world > 1:  # every rank stops at the same step
-            loss_value, out_of_time = average_across_ranks(proj + lora, loss_value, out_of_time)
-        t_opt = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(proj + lora, 1.0)
-        opt.step()
-        sched.step()
-        t_end = time.perf_counter()
+        res = train_step(model, proc, rows, cache_dir, cfg, opt, sched, proj + lora, probe,
+                         world, t0)
         step += 1
-        ema = loss_value if ema is None else 0.9 * ema + 0.1 * loss_value
+        ema = res.loss if ema is None else 0.9 * ema + 0.1 * res.loss
         bar.update(1)
         bar.set_postfix(loss=f"{ema:.3f}")
-        if not lead:
-            if out_of_time:
-                break
-            continue
-        rec = {"step": step, "loss": loss_value, "ema": ema, "wall_s": time.time() - t0,
-               "lr": sched.get_last_lr()[0], "s_batch": t_fwd - t_step, "s_fwd": t_bwd - t_fwd,
-               "s_bwd": t_opt - t_bwd, "s_opt": t_end - t_opt, "world": world}
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                wer, hyps = dev_wer(model, proc, dev_rows)
-            rec["dev_wer"] = wer
-            rec["dev_hyp0"] = hyps[0][:200]
-            print(f"\nstep {step} loss {ema:.3f} dev WER {wer:.4f} | {hyps[0][:120]!r}", flush=True)
-            if wer < best:
-                best = wer
-                export(run, cfg, model, step, wer, "best.safetensors")
-        log.write(json.dumps(rec) + "\n")
-        log.flush()
-        if step % cfg.ckpt_every == 0 or step == cfg.steps:
+        if lead:
+            best = record_step(run, log, cfg, model, proc, dev_rows, step, ema, res, best,
+                               time.time() - t0, sched.get_last_lr()[0], world)
+        checkpoint = step % cfg.ckpt_every == 0 or step == end or res.out_of_time
+        if lead and checkpoint:
             export(run, cfg, model, step, best, "last.safetensors")
-            save_ckpt(last, model, opt, sched, step, best, cfg)
-        if out_of_time:
-            print(f"\nstopping at step {step}: --max-minutes reached", flush=True)
-            save_ckpt(last, model, opt, sched, step, best, cfg)
-            export(run, cfg, model, step, best, "last.safetensors")
+            save_ckpt(run / "last.pt", model, opt, sched, step, best, cfg)
+        if res.out_of_time:
+            if lead:
+                print(f"\nstopping at step {step}: --max-minutes reached", flush=True)
             break
     bar.close()
     if export_to is not None and lead:
-        src = run / "best.safetensors"
-        if not src.is_file():
-            src = run / "last.safetensors"
-        export_to.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(src, export_to)
-        print(f"exported {src} -> {export_to}")
+        export_best(run, export_to)
+
+
+def record_step(run: Path, log, cfg: TrainConfig, model, proc, dev_rows: list[dict], step: int,
+                ema: float, res: StepResult, best: float, wall_s: float, lr: float,
+                world: int) -> float:
+    """Log one step (and the dev WER on evaluation steps, keeping the best adapter); new best."""
+    rec = {"step": step, "loss": res.loss, "ema": ema, "wall_s": wall_s, "lr": lr,
+           **res.seconds, "world": world}
+    if res.align_loss is not None:
+        rec["align_loss"] = res.align_loss  # this rank's sub-batch
+    if step % cfg.eval_every == 0 or step == cfg.steps:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            wer, hyps = dev_wer(model, proc, dev_rows)
+        rec["dev_wer"] = wer
+        rec["dev_hyp0"] = hyps[0][:200]
+        print(f"\nstep {step} loss {ema:.3f} dev WER {wer:.4f} | {hyps[0][:120]!r}", flush=True)
+        if wer < best:
+            best = wer
+            export(run, cfg, model, step, wer, "best.safetensors")
+    log.write(json.dumps(rec) + "\n")
+    log.flush()
+    return best
+
+
+def export_best(run: Path, export_to: Path) -> None:
+    """Copy the run's best adapter (its last one without a dev evaluation) to ``export_to``."""
+    src = run / "best.safetensors"
+    if not src.is_file():
+        src = run / "last.safetensors"
+    export_to.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src, export_to)
+    print(f"exported {src} -> {export_to}")
 
 
 def prefill_cache(data: Path, split: str, shard: tuple[int, int] = (0, 1)) -> None:

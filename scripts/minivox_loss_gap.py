@@ -41,9 +41,9 @@ def transcript_loss(model, proc, rows: list[dict], cache: Path) -> tuple[float, 
     """Token-weighted mean transcript loss over ``rows`` (one clip per forward) and the count."""
     total, tokens = 0.0, 0
     for row in rows:
-        embeds, mask, labels = make_batch(model, proc, [row], cache)
-        n = int((labels != -100).sum())
-        total += float(loss_fn(model, embeds, mask, labels)) * n
+        batch = make_batch(model, proc, [row], cache)
+        n = int((batch.labels != -100).sum())
+        total += float(loss_fn(model, batch)[0]) * n
         tokens += n
     return total / tokens, tokens
 
