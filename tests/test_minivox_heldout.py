@@ -184,3 +184,32 @@ def test_generated_test_new_has_the_promised_properties():
     blob = "|".join(D.text_key(t) for t in _training_texts())
     assert not any(D.text_key(s) in blob for s in sents)
 
+
+
+def _human_speech():
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "human_speech.py"
+    spec = importlib.util.spec_from_file_location("human_speech", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclass looks its module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_human_speech_reads_sphinx_references_and_raw_audio(tmp_path):
+    import numpy as np
+
+    hs = _human_speech()
+    (tmp_path / "t").write_text("<s> he was not an ill disposed young man </s> (s-0880)\n"
+                                "<s> ten of clubs  </s> (001)\n")
+    assert hs._sphinx_transcription(tmp_path / "t") == {
+        "s-0880": "he was not an ill disposed young man", "001": "ten of clubs"}
+    pcm = (np.sin(np.arange(1600) / 5) * 16000).astype("<i2")
+    pcm.tofile(tmp_path / "a.raw")
+    audio = hs.load_audio(tmp_path / "a.raw")
+    assert audio.dtype == np.float32 and audio.size == 1600
+    assert np.allclose(audio, pcm / 32768.0)
+    clips, missing = hs.find_clips()  # whatever is installed here; every clip exists
+    assert all(c.path.is_file() for c in clips) and all(":" in m for m in missing)
