@@ -6,7 +6,9 @@ fortune is cleaned (ASCII, no digits or markup, attributions dropped) and dedupl
 fortunes are assigned to exactly one split by a seeded shuffle, so splits never share text.
 The ``train_wide`` split adds distinct training-only text from WordNet and the ``anarchism``
 fortunes (:mod:`kvsim.minivox.extra_text`; Debian packages ``wordnet-base``,
-``fortune-anarchism``), none of it inside a held-out text.
+``fortune-anarchism``), none of it inside a held-out text. The ``test_new`` split reads a
+source and register no training split uses (report prose from the brotli sdist,
+:mod:`kvsim.minivox.heldout_text`), with voices and speaking rates held out of training.
 
 Speech: libespeak-ng (see :mod:`kvsim.minivox.espeak`) with several voices, speaking
 rates and pitches; a clip concatenates consecutive fortunes of its split with natural
@@ -33,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from .extra_text import EXTRA_FORTUNE_FILES, load_extra_texts
+from .heldout_text import load_heldout_pool
 
 FORTUNE_DIR = Path("/usr/share/games/fortunes")
 # Voices x variants available in espeak-ng's standard data (no mbrola needed).
@@ -40,6 +43,13 @@ VOICES = [
     "en-us", "en-us+f2", "en-us+m3", "en-us+f4", "en", "en+f3", "en-gb-x-rp",
     "en-gb-x-rp+m2", "en-029", "en-gb-scotland+f1", "en-us-nyc", "en-gb-x-gbclan", "en-gb-x-gbcwmd",
 ]
+TRAIN_RATES = (135, 195)  # words/min, inclusive: every split but test_new
+# test_new: base voices with variants no training voice uses (training: f1-f4, m2, m3), and
+# speaking rates outside TRAIN_RATES; clip i gets voice i % 6 and band (i // 6) % 2, so every
+# voice speaks once slowly and once fast.
+HELDOUT_VOICES = ("en-us+m1", "en-gb-x-rp+m4", "en+m6", "en-us-nyc+f5", "en-029+m7",
+                  "en-gb-scotland+m5")
+HELDOUT_RATE_BANDS = ((115, 130), (200, 215))
 SKIP_FILES = {"ascii-art", "art", "perl", "translate-me", "linux", "linuxcookie", "debian",
               "computers", "zippy", "startrek", "knghtbrd"}
 
@@ -52,9 +62,14 @@ class SplitSpec:
     n_clips: int
     min_s: float
     max_s: float
-    # text pool to draw from: a split's fortunes (default: ``name``), or "extra" (training
-    # only: WordNet sentences and the anarchism fortunes, see :mod:`.extra_text`)
+    # text pool to draw from: a split's fortunes (default: ``name``), "extra" (training
+    # only: WordNet sentences and the anarchism fortunes, see :mod:`.extra_text`) or "prose"
+    # (held-out report prose in reading order, see :mod:`.heldout_text`)
     pool: str | None = None
+    # fixed voices and rate bands (clip i: voices[i % n], band (i // n) % len(bands));
+    # None: a random training voice and a rate in TRAIN_RATES
+    voices: tuple[str, ...] | None = None
+    rate_bands: tuple[tuple[int, int], ...] | None = None
 
 
 @dataclass
@@ -70,11 +85,16 @@ class DataConfig:
         SplitSpec("test_30_60", 20, 30.0, 60.0),
         SplitSpec("test_long", 8, 60.0, 240.0),
         SplitSpec("calib", 50, 30.0, 60.0),  # WnW §3.2: "50 ... samples, disjoint from all test sets"
+        # held-out text source and register, held-out voices and rates, 1-4 min
+        SplitSpec("test_new", 12, 62.0, 235.0, pool="prose", voices=HELDOUT_VOICES,
+                  rate_bands=HELDOUT_RATE_BANDS),
     ])
     # Share of the fortunes reserved for each split (by text); train takes the rest.
     heldout_share: dict[str, float] = field(default_factory=lambda: {
         "dev": 0.04, "test_30_60": 0.12, "test_long": 0.16, "calib": 0.08,
     })
+    # the held-out prose source (brotli sdist or lcet10.txt); None: heldout_text.default_source()
+    heldout_text: str | None = None
 
 
 _WS = re.compile(r"\s+")
@@ -174,10 +194,15 @@ def _clip_seed(seed: int, split: str, idx: int) -> int:
 
 
 def make_clip(tts, pool: list[str], cursor: int, rng: random.Random, min_s: float,
-              max_s: float) -> tuple[dict, int] | None:
-    """Synthesise one clip from consecutive fortunes of ``pool`` starting at ``cursor``."""
-    voice = rng.choice(VOICES)
-    rate = rng.randint(135, 195)
+              max_s: float, voice: str | None = None,
+              rate_range: tuple[int, int] = TRAIN_RATES) -> tuple[dict, int] | None:
+    """Synthesise one clip from consecutive fortunes of ``pool`` starting at ``cursor``.
+
+    ``voice`` None draws one of :data:`VOICES`; the rate is drawn from ``rate_range``
+    (words/min, inclusive)."""
+    if voice is None:
+        voice = rng.choice(VOICES)
+    rate = rng.randint(*rate_range)
     pitch = rng.randint(35, 65)
     target = rng.uniform(min_s, max_s)
     lead = rng.uniform(0.1, 0.6)
@@ -238,19 +263,33 @@ def _generate_split(out: Path, cfg: DataConfig, spec: SplitSpec) -> None:
     tts = ESpeak()
     fortunes = load_fortunes()
     texts = split_texts(fortunes, cfg)
-    if spec.pool == "extra":
+    if spec.pool == "prose":
+        # reading order, no shuffle; disjoint from every fortune (all splits) and from every
+        # extra training text (the unfiltered superset of train_wide's pool)
+        training = fortunes + load_extra_texts(fortunes, [], FORTUNE_DIR)
+        pool = load_heldout_pool(training, cfg.heldout_text)
+    elif spec.pool == "extra":
         heldout = [t for name in cfg.heldout_share for t in texts[name]]
         pool = load_extra_texts(fortunes, heldout, FORTUNE_DIR)
     else:
         pool = list(texts[spec.pool or spec.name])
-    random.Random(cfg.seed + 1 + (spec.pool is not None)).shuffle(pool)
+    if spec.pool != "prose":
+        random.Random(cfg.seed + 1 + (spec.pool is not None)).shuffle(pool)
     cursor = 0
     adir = out / "audio" / spec.name
     adir.mkdir(parents=True, exist_ok=True)
     rows = []
     for i in tqdm(range(spec.n_clips), desc=spec.name, mininterval=5):
         rng = random.Random(_clip_seed(cfg.seed, spec.name, i))
-        res = make_clip(tts, pool, cursor, rng, spec.min_s, spec.max_s)
+        voice, rates = None, TRAIN_RATES
+        if spec.voices:
+            voice = spec.voices[i % len(spec.voices)]
+            bands = spec.rate_bands or (TRAIN_RATES,)
+            rates = bands[(i // len(spec.voices)) % len(bands)]
+        if spec.pool == "prose":
+            # passages spread over the text in reading order, none overlapping the last
+            cursor = max(cursor, i * len(pool) // spec.n_clips)
+        res = make_clip(tts, pool, cursor, rng, spec.min_s, spec.max_s, voice, rates)
         if res is None:
             raise RuntimeError(f"split {spec.name}: could not build clip {i}")
         clip, cursor = res
@@ -340,10 +379,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--splits", nargs="*", default=None, help="only these splits")
     ap.add_argument("--n-train", type=int, default=None, help="override the train clip count")
+    ap.add_argument("--heldout-text", default=None,
+                    help="test_new's text source: the brotli sdist, its lcet10.txt or a folder "
+                    "holding either (default: $KVSIM_HELDOUT_TEXT, else "
+                    "~/.cache/kvsim/minivox/brotli-1.2.1.tar.gz)")
     ap.add_argument("--sidecars-only", action="store_true",
                     help="only (re)write the .txt / .words.json sidecars from the manifest")
     args = ap.parse_args(argv)
-    cfg = DataConfig(seed=args.seed)
+    cfg = DataConfig(seed=args.seed, heldout_text=args.heldout_text)
     if args.n_train is not None:
         for s in cfg.splits:
             if s.name == "train":

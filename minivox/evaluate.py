@@ -74,7 +74,12 @@ def summarise(files: list[Path]) -> dict[str, float]:
         rs = [r for r in recs if r["split"] == split]
         out[split] = corpus_wer([r["hyp"] for r in rs], [r["ref"] for r in rs], tokenizer)
         gen = sum(r["n_gen"] for r in rs)
-        print(f"{split}\tclips {len(rs)}\tWER {out[split]:.4f}\tgenerated {gen} tokens")
+        per = [r["wer"] for r in rs]
+        mean = sum(per) / len(per)
+        se = (sum((w - mean) ** 2 for w in per) / (len(per) - 1) / len(per)) ** 0.5 \
+            if len(per) > 1 else float("nan")
+        print(f"{split}\tclips {len(rs)}\tWER {out[split]:.4f}\tper clip {mean:.4f} +- {se:.4f} "
+              f"(mean +- standard error)\tgenerated {gen} tokens")
     return out
 
 
