@@ -54,7 +54,7 @@ phase() {  # phase RUN WORLD STEPS STOP ARGS...: train RUN to step STOP of a STE
 }
 
 # 0. the corpus and the frozen encoder's outputs (two processes per split)
-run "$PY" -m kvsim.minivox.data --out "$D" --seed 0
+run "$PY" -m kvsim.minivox.data --out "$D" --seed 0 --splits train train_long train_wide dev test_30_60 test_long calib
 for split in train train_long train_wide; do
   run "$PY" -m kvsim.minivox.train --data "$D" --prefill-cache "$split" --shard 1/2 &
   run "$PY" -m kvsim.minivox.train --data "$D" --prefill-cache "$split" --shard 0/2
