@@ -58,11 +58,16 @@ def token_words(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, i
     right after that word), or to the first word if none does.
     """
     starts = np.array([s for s, _ in spans])
-    out = np.empty(len(offsets), dtype=np.int64)
-    for t, (a, b) in enumerate(offsets):
-        hit = [i for i, (s, e) in enumerate(spans) if s < b and a < e]
-        out[t] = hit[0] if hit else max(int(np.searchsorted(starts, a, side="right")) - 1, 0)
-    return out
+    ends = np.array([e for _, e in spans])
+    a = np.array([o[0] for o in offsets], dtype=np.int64)
+    b = np.array([o[1] for o in offsets], dtype=np.int64)
+    # words are in order and disjoint: the first word ending after a token's start overlaps
+    # it if that word also starts before the token's end
+    first = np.searchsorted(ends, a, side="right")
+    hit = first < len(spans)
+    hit[hit] &= starts[first[hit]] < b[hit]
+    before = np.maximum(np.searchsorted(starts, a, side="right") - 1, 0)
+    return np.where(hit, first, before).astype(np.int64)
 
 
 def part_word_times(row: dict, part_tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray, list[str]]:
