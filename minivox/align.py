@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -125,27 +127,158 @@ def load_split(data: Path, splits: list[str], tok, cache: Path, encode):
     return items
 
 
-def main(argv: list[str] | None = None) -> None:
+@dataclass
+class AlignConfig:
+    """Stage-1 settings (the command line of :func:`main`)."""
+
+    data: Path = Path("data/minivox")
+    out: Path = Path("data/minivox/align.safetensors")
+    seed: int = 0
+    epochs: float = 6.0
+    batch_tokens: int = 6000  #: audio tokens per batch (clips of similar length batched together)
+    lr: float = 2e-3
+    eval_every: int = 200
+    max_minutes: float = 60.0
+    scale: float = 20.0  #: fixed CTC logit scale; 0: dot products with a learned temperature
+    init: Path | None = None  #: start from these projector weights
+    stop_step: int | None = None  #: stop after this step (the lr schedule still spans epochs)
+    threads: int = 1
+    bf16: bool = True  #: bf16 autocast (emulated, ~50x slower, on CPUs without bf16 units)
+
+
+def parse_args(argv: list[str] | None = None) -> AlignConfig:
     ap = argparse.ArgumentParser(description="stage-1 projector alignment (CTC via the embedding table)")
-    ap.add_argument("--data", type=Path, default=Path("data/minivox"))
-    ap.add_argument("--out", type=Path, default=Path("data/minivox/align.safetensors"))
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--epochs", type=float, default=6.0)
-    ap.add_argument("--batch-tokens", type=int, default=6000,
+    d = AlignConfig()
+    ap.add_argument("--data", type=Path, default=d.data)
+    ap.add_argument("--out", type=Path, default=d.out)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--epochs", type=float, default=d.epochs)
+    ap.add_argument("--batch-tokens", type=int, default=d.batch_tokens,
                     help="audio tokens per batch (clips of similar length are batched together)")
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--eval-every", type=int, default=200)
-    ap.add_argument("--max-minutes", type=float, default=60.0)
-    ap.add_argument("--scale", type=float, default=20.0,
+    ap.add_argument("--lr", type=float, default=d.lr)
+    ap.add_argument("--eval-every", type=int, default=d.eval_every)
+    ap.add_argument("--max-minutes", type=float, default=d.max_minutes)
+    ap.add_argument("--scale", type=float, default=d.scale,
                     help="fixed CTC logit scale (cosine x scale); 0: dot products with a learned "
                          "temperature (the first, unreadable variant; kept to reproduce it)")
     ap.add_argument("--init", type=Path, default=None, help="start from these projector weights")
     ap.add_argument("--stop-step", type=int, default=None,
                     help="stop after this step (the lr schedule still spans --epochs)")
-    ap.add_argument("--threads", type=int, default=1)
-    a = ap.parse_args(argv)
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(a.seed)
+    ap.add_argument("--threads", type=int, default=d.threads)
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=d.bf16,
+                    help="bf16 autocast of the projector and head (default on, as the shipped "
+                         "run; use --no-bf16 on a CPU without bf16 matrix units)")
+    return AlignConfig(**{k.replace("-", "_"): v for k, v in vars(ap.parse_args(argv)).items()})
+
+
+Clip = tuple[torch.Tensor, list[int], str]  #: (features (T, 1536) fp16, target BPE ids, text)
+
+
+class CTCAligner:
+    """The projector and its CTC head over a compact vocabulary (blank = 0, then ``vocab``)."""
+
+    def __init__(self, proj: nn.Module, head: CTCHead, vocab: list[int], bf16: bool) -> None:
+        self.proj, self.head, self.vocab, self.bf16 = proj, head, vocab, bf16
+        self.index = {t: i + 1 for i, t in enumerate(vocab)}  # 0 = blank
+        self.params = list(proj.parameters()) + list(head.parameters())
+
+    def logits(self, batch: list[Clip]) -> torch.Tensor:
+        """(B, T_max, V + 1) float32 CTC scores of a zero-padded batch."""
+        n = max(x.shape[0] for x, _, _ in batch)
+        x = torch.zeros(len(batch), n, batch[0][0].shape[1])
+        for i, (xi, _, _) in enumerate(batch):
+            x[i, : xi.shape[0]] = xi.float()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            out = self.head(self.proj(x))
+        return out.float()
+
+    def loss(self, batch: list[Clip]) -> torch.Tensor:
+        """Mean CTC loss of a batch (each clip's own length; infinite losses zeroed)."""
+        logp = F.log_softmax(self.logits(batch), dim=-1).transpose(0, 1)  # (T, B, V+1)
+        tgt = torch.tensor([self.index[t] for _, ids, _ in batch for t in ids])
+        return F.ctc_loss(logp, tgt, torch.tensor([x.shape[0] for x, _, _ in batch]),
+                          torch.tensor([len(ids) for _, ids, _ in batch]),
+                          blank=0, zero_infinity=True)
+
+    def transcribe(self, clips: list[Clip], decode: Callable[[list[int]], str]) -> list[str]:
+        """Greedy CTC transcripts, eight clips per forward pass."""
+        self.proj.eval()
+        hyps = []
+        with torch.no_grad():
+            for i in range(0, len(clips), 8):
+                b = clips[i : i + 8]
+                lg = self.logits(b)
+                for j, (xi, _, _) in enumerate(b):
+                    hyps.append(decode([self.vocab[k - 1] for k in greedy_decode(lg[j], xi.shape[0])]))
+        self.proj.train()
+        return hyps
+
+    def save(self, out: Path, step: int, wer: float) -> None:
+        """The projector's weights (atomically: a temporary file, then a rename)."""
+        sd = {"linear_1.weight": self.proj[0].weight.detach().contiguous(),
+              "linear_2.weight": self.proj[2].weight.detach().contiguous()}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        save_file(sd, str(tmp), metadata={"format": "minivox-projector-init", "method": "ctc",
+                                          "steps": str(step), "dev_ctc_wer": f"{wer:.4f}"})
+        tmp.replace(out)
+
+
+def projector(feature_dim: int, init: Path | None) -> nn.Sequential:
+    """Linear(feature_dim -> 576) + GELU + Linear(576 -> 576), optionally from saved weights."""
+    proj = nn.Sequential(nn.Linear(feature_dim, 576, bias=False), nn.GELU(),
+                         nn.Linear(576, 576, bias=False))
+    if init is not None:
+        from safetensors.torch import load_file
+
+        w = load_file(str(init))
+        proj[0].weight.data.copy_(w["linear_1.weight"])
+        proj[2].weight.data.copy_(w["linear_2.weight"])
+    return proj
+
+
+def fit(aligner: CTCAligner, train: list[Clip], cfg: AlignConfig,
+        evaluate: Callable[[int], float]) -> int:
+    """Train ``aligner`` by CTC on ``train``: AdamW under a one-cycle schedule over
+    ``cfg.epochs``, batches from :func:`length_batches`; ``evaluate(step)`` every
+    ``cfg.eval_every`` steps. Stops at ``cfg.stop_step`` or after ``cfg.max_minutes``; returns
+    the steps taken."""
+    opt = torch.optim.AdamW(aligner.params, lr=cfg.lr, weight_decay=0.01)
+    per_epoch = len(length_batches(train, cfg.batch_tokens, np.random.default_rng(0)))
+    steps = int(cfg.epochs * per_epoch)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps, pct_start=0.05)
+    last = min(steps, cfg.stop_step or steps)
+    g = np.random.default_rng(cfg.seed)
+    t0 = time.time()
+    bar = tqdm(total=steps, desc="align-ctc", mininterval=10)
+    step, ema = 0, None
+    while step < last:
+        for idx in length_batches(train, cfg.batch_tokens, g):
+            loss = aligner.loss([train[k] for k in idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(aligner.params, 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+            bar.update(1)
+            bar.set_postfix(ctc=f"{ema:.3f}")
+            if step % cfg.eval_every == 0:
+                evaluate(step)
+            if step >= last or (time.time() - t0) / 60 > cfg.max_minutes:
+                break
+        if (time.time() - t0) / 60 > cfg.max_minutes:
+            print(f"\nstopping at step {step}: --max-minutes reached", flush=True)
+            break
+    bar.close()
+    return step
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
 
     from transformers import AutoTokenizer
 
@@ -158,101 +291,32 @@ def main(argv: list[str] | None = None) -> None:
         key = next(k for k in f.keys() if k.endswith("embed_tokens.weight"))  # noqa: SIM118
         emb = f.get_tensor(key).float()
 
-    cache = a.data / "enc_cache"
-    model, proc = build_base(seed=a.seed)  # only its encoder: clips not in the cache yet
+    cache = cfg.data / "enc_cache"
+    model, proc = build_base(seed=cfg.seed)  # only its encoder: clips not in the cache yet
 
     def encode(row: dict) -> torch.Tensor:
         return encoder_cache(model, proc, row, cache)
 
-    train = load_split(a.data, ["train", "train_long"], tok, cache, encode)
-    dev = load_split(a.data, ["dev"], tok, cache, encode)
+    train = load_split(cfg.data, ["train", "train_long"], tok, cache, encode)
+    dev = load_split(cfg.data, ["dev"], tok, cache, encode)
     model = None
     vocab = sorted({t for _, ids, _ in train for t in ids})
-    index = {t: i + 1 for i, t in enumerate(vocab)}  # 0 = blank
-    vocab_t = torch.tensor(vocab)
     n_tok = sum(x.shape[0] for x, _, _ in train)
     print(f"{len(train)} clips, {n_tok} audio tokens, CTC vocab {len(vocab)} + blank", flush=True)
+    proj = projector(ENCODER_DIM * FRAMES_PER_TOKEN, cfg.init)
+    aligner = CTCAligner(proj, CTCHead(emb[torch.tensor(vocab)], cfg.scale or None), vocab, cfg.bf16)
 
-    proj = nn.Sequential(nn.Linear(1536, 576, bias=False), nn.GELU(), nn.Linear(576, 576, bias=False))
-    if a.init is not None:
-        from safetensors.torch import load_file
-
-        w = load_file(str(a.init))
-        proj[0].weight.data.copy_(w["linear_1.weight"])
-        proj[2].weight.data.copy_(w["linear_2.weight"])
-    head = CTCHead(emb[vocab_t], a.scale or None)
-    params = list(proj.parameters()) + list(head.parameters())
-    opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.01)
-    per_epoch = len(length_batches(train, a.batch_tokens, np.random.default_rng(0)))
-    steps = int(a.epochs * per_epoch)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=steps, pct_start=0.05)
-    g = np.random.default_rng(a.seed)
-
-    def run(batch):
-        T = max(x.shape[0] for x, _, _ in batch)
-        x = torch.zeros(len(batch), T, 1536)
-        for i, (xi, _, _) in enumerate(batch):
-            x[i, : xi.shape[0]] = xi.float()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = head(proj(x))
-        return logits.float()
-
-    def evaluate() -> float:
-        proj.eval()
-        hyps = []
-        with torch.no_grad():
-            for i in range(0, len(dev), 8):
-                b = dev[i : i + 8]
-                lg = run(b)
-                for j, (xi, _, _) in enumerate(b):
-                    ids = [vocab[k - 1] for k in greedy_decode(lg[j], xi.shape[0])]
-                    hyps.append(tok.decode(ids))
-        proj.train()
+    def evaluate(step: int) -> float:
+        hyps = aligner.transcribe(dev, tok.decode)
         wer = corpus_wer(hyps, [t for _, _, t in dev], tok)
         print(f"\n  dev CTC WER {wer:.4f} | {hyps[0][:150]!r}", flush=True)
+        aligner.save(cfg.out, step, wer)
         return wer
 
-    def save(step: int, wer: float) -> None:
-        sd = {"linear_1.weight": proj[0].weight.detach().contiguous(),
-              "linear_2.weight": proj[2].weight.detach().contiguous()}
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = a.out.with_suffix(".tmp")
-        save_file(sd, str(tmp), metadata={"format": "minivox-projector-init", "method": "ctc",
-                                          "steps": str(step), "dev_ctc_wer": f"{wer:.4f}"})
-        tmp.replace(a.out)
-
     t0 = time.time()
-    bar = tqdm(total=steps, desc="align-ctc", mininterval=10)
-    step, ema = 0, None
-    while step < min(steps, a.stop_step or steps):
-        for idx in length_batches(train, a.batch_tokens, g):
-            batch = [train[k] for k in idx]
-            logits = run(batch)
-            logp = F.log_softmax(logits, dim=-1).transpose(0, 1)  # (T, B, V+1)
-            tgt = torch.tensor([index[t] for _, ids, _ in batch for t in ids])
-            loss = F.ctc_loss(logp, tgt, torch.tensor([x.shape[0] for x, _, _ in batch]),
-                              torch.tensor([len(ids) for _, ids, _ in batch]),
-                              blank=0, zero_infinity=True)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            step += 1
-            ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-            bar.update(1)
-            bar.set_postfix(ctc=f"{ema:.3f}")
-            if step % a.eval_every == 0:
-                save(step, evaluate())
-            if step >= min(steps, a.stop_step or steps) or (time.time() - t0) / 60 > a.max_minutes:
-                break
-        if (time.time() - t0) / 60 > a.max_minutes:
-            print(f"\nstopping at step {step}: --max-minutes reached", flush=True)
-            break
-    bar.close()
-    wer = evaluate()
-    save(step, wer)
-    print(f"wrote {a.out} after {step} steps ({time.time() - t0:.0f} s), dev CTC WER {wer:.4f}")
+    step = fit(aligner, train, cfg, evaluate)
+    wer = evaluate(step)
+    print(f"wrote {cfg.out} after {step} steps ({time.time() - t0:.0f} s), dev CTC WER {wer:.4f}")
 
 
 def _untrained_dir() -> Path:

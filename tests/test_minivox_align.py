@@ -78,3 +78,41 @@ def test_ctc_through_frozen_embeddings_learns_a_readable_projection():
     cos = F.normalize(y[1::4], dim=-1) @ F.normalize(emb, dim=-1).T
     assert cos.argmax(-1).tolist() == seq
     assert cos[torch.arange(5), torch.tensor(seq)].min() > 0.5
+
+
+def test_fit_trains_a_ctc_aligner_that_transcribes_and_saves(tmp_path):
+    """The stage-1 loop (fit + CTCAligner) end to end on a synthetic corpus: non-contiguous
+    BPE ids map through the compact vocabulary and back, the saved projector reloads, and
+    --no-bf16 reaches the aligner's configuration."""
+    from kvsim.minivox.align import AlignConfig, CTCAligner, fit, parse_args, projector
+
+    torch.manual_seed(0)
+    vocab = [11, 23, 37, 41, 58]  # BPE ids as they occur in transcripts
+    feat = 12
+    codes = torch.randn(len(vocab) + 1, feat)
+
+    def clip(ids: list[int]):
+        frames = []
+        for t in ids:
+            frames += [0, vocab.index(t) + 1, vocab.index(t) + 1, 0]
+        x = codes[torch.tensor(frames)] + 0.1 * torch.randn(len(frames), feat)
+        return x, ids, " ".join(map(str, ids))
+
+    g = torch.Generator().manual_seed(1)
+    train = [clip([vocab[k] for k in torch.randint(0, 5, (5,), generator=g).tolist()])
+             for _ in range(64)]
+    head = CTCHead(torch.randn(len(vocab), 576))
+    aligner = CTCAligner(projector(feat, None), head, vocab, bf16=False)
+    cfg = AlignConfig(epochs=30, batch_tokens=160, lr=1e-2, eval_every=10**6, out=tmp_path / "p.st")
+    evaluated: list[int] = []
+    steps = fit(aligner, train, cfg, lambda step: evaluated.append(step) or 0.0)
+    assert steps == 30 * 8 and evaluated == []  # 64 clips of 20 frames, 8 per batch
+    test = [clip([41, 11, 58, 23, 37]), clip([37, 37, 11])]
+    decode = lambda ids: " ".join(map(str, ids))  # noqa: E731
+    assert aligner.transcribe(test, decode) == [t for _, _, t in test]
+    aligner.save(cfg.out, steps, 0.0)
+    again = CTCAligner(projector(feat, cfg.out), head, vocab, bf16=False)
+    assert again.transcribe(test, decode) == [t for _, _, t in test]
+    assert not cfg.out.with_suffix(".tmp").exists()
+    assert parse_args(["--no-bf16", "--stop-step", "5"]).bf16 is False
+    assert parse_args([]) == AlignConfig()
