@@ -64,9 +64,9 @@ done
 # 1. stage 1: the projector alone, CTC through SmolLM2's frozen embedding table
 C=$D/ctc
 [ -f "$C/align_ctc_step500.safetensors" ] || run "$PY" -m kvsim.minivox.align --data "$D" \
-  --scale 0 --epochs 8 --eval-every 100 --stop-step 500 --out "$C/align_ctc_step500.safetensors"
+  --scale 0 --epochs 8 --eval-every 100 --stop-step 500 $BF16 --out "$C/align_ctc_step500.safetensors"
 [ -f "$C/align_cos.safetensors" ] || run "$PY" -m kvsim.minivox.align --data "$D" \
-  --epochs 4 --eval-every 100 --init "$C/align_ctc_step500.safetensors" --out "$C/align_cos.safetensors"
+  --epochs 4 --eval-every 100 $BF16 --init "$C/align_ctc_step500.safetensors" --out "$C/align_cos.safetensors"
 
 # 2. stage 2: projector + LoRA through the frozen decoder
 BASE=(--seed 0 --batch 4 --warmup 10 --threads 1)
