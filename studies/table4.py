@@ -75,16 +75,21 @@ QUICK = dict(limit=1, tidal=(35, 235), max_new_tokens=40)
 def sweep_plan(cfg: Table4Config, n_heads: int, scores) -> tuple[list[PlanItem], pl.DataFrame]:
     """WnW at ``cfg.budget`` per tidal count (λ fitted per count on the calibration traces, if
     any) and the frame mapping each paper count to its ``n_voice`` and plan label."""
-    from kvsim.studies.wnw_lambda import calibration_contexts, lambda_of, wnw_items
+    from kvsim.studies.wnw_lambda import calibration_contexts, fitted_lambdas, lambda_of, wnw_item
 
     ctxs = (calibration_contexts(cfg.calibration_traces, scores, cfg.lambda_fit)
             if cfg.calibration_traces else None)
     anchors = min(cfg.n_anchor, n_heads)
+    voices = {t: anchors + map_tidal(t, n_heads, anchors) for t in cfg.tidal}
+    distinct = list(dict.fromkeys(voices.values()))
+    lams = fitted_lambdas(ctxs, [(cfg.budget, {"n_voice": v, "n_anchor": anchors}) for v in distinct],
+                          cfg.grid.ray)
+    lam_of = dict(zip(distinct, lams, strict=True)) if lams is not None else {}
     plan: list[PlanItem] = []
     rows = []
     for t in cfg.tidal:
-        n_voice = anchors + map_tidal(t, n_heads, anchors)
-        item = wnw_items([cfg.budget], ctxs, n_voice=n_voice, n_anchor=anchors)[0]
+        n_voice = voices[t]
+        item = wnw_item(cfg.budget, lam_of.get(n_voice), {"n_voice": n_voice, "n_anchor": anchors})
         if item not in plan:
             plan.append(item)
         rows.append({"paper_tidal_heads": t, "n_voice": n_voice, "tidal_heads": n_voice - anchors,

@@ -312,7 +312,7 @@ def build_plan(cfg: Table5Config, scores) -> list[PlanItem]:
     if "wnw" in cfg.methods:
         ctxs = (calibration_contexts(cfg.calibration_traces, scores, cfg.lambda_fit)
                 if cfg.calibration_traces else None)
-        wnw = wnw_items(cfg.budgets, ctxs)
+        wnw = wnw_items(cfg.budgets, ctxs, cfg.grid.ray)
     return table5_plan(cfg.methods, cfg.budgets, wnw)
 
 

@@ -11,8 +11,10 @@ a study then says so in its notes.
 
 from __future__ import annotations
 
+import uuid
+import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,43 @@ class CalibrationSet:
             self._replayers = calibration_replayers(self.paths, self.scores)
         return search_lambda_measured(self._replayers, budget, **params).lam
 
+    def lams(self, targets: Sequence[tuple[float, dict[str, Any]]], ray: str | None = None) -> list[float]:
+        """:meth:`lam` of every ``(budget, params)`` in ``targets``, in order.
+
+        With ``ray`` (a Ray address; ``local`` starts a local Ray) every fit is one Ray task
+        (each worker loads the calibration traces once) and the warnings the fits raise are
+        raised again here, so a caller collecting them sees what a local run would; the λ are
+        the same computation on the same traces, so they equal the local ones.
+        """
+        if ray is None or len(targets) < 2:
+            return [self.lam(budget, **params) for budget, params in targets]
+        from kvsim.cluster import connect
+
+        cluster = connect(ray)
+        shipped = cluster.put((uuid.uuid4().hex, replace(self, _replayers=None)))
+        task = cluster.remote(num_cpus=1)(_fit_task)
+        out = []
+        for lam, caught in cluster.get([task.remote(shipped, b, p) for b, p in targets]):
+            for category, message in caught:
+                warnings.warn(message, category, stacklevel=2)
+            out.append(lam)
+        return out
+
+
+#: Per Ray worker: the calibration sets it has loaded, by the token the driver gave them.
+_WORKER_SETS: dict[str, CalibrationSet] = {}
+
+
+def _fit_task(shipped: tuple[str, CalibrationSet], budget: float,
+              params: dict[str, Any]) -> tuple[float, list[tuple[type[Warning], str]]]:
+    """One λ fit in a Ray worker, and the warnings it raised (category, message)."""
+    token, calib = shipped
+    calib = _WORKER_SETS.setdefault(token, calib)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lam = calib.lam(budget, **params)
+    return lam, [(w.category, str(w.message)) for w in caught]
+
 
 def calibration_contexts(paths: Sequence[Path], scores: HeadScores | None,
                          fit: str = "measured") -> CalibrationSet:
@@ -73,24 +112,38 @@ def calibration_contexts(paths: Sequence[Path], scores: HeadScores | None,
 
 def wnw_items(budgets: Sequence[float],
               contexts: CalibrationSet | Sequence[PolicyContext] | None,
-              **params: Any) -> list[PlanItem]:
+              ray: str | None = None, **params: Any) -> list[PlanItem]:
     """One ``wnw`` plan item per budget: with ``contexts``, at the λ fitted on them for that
-    budget (``wnw:lam=...``; a :class:`CalibrationSet` under its fit, plain policy contexts
-    under the prefill fit); without, WnW fits λ per input at run time.
+    budget (``wnw:lam=...``; a :class:`CalibrationSet` under its fit, one Ray task per budget
+    with ``ray``; plain policy contexts under the prefill fit); without, WnW fits λ per input
+    at run time.
 
     ``params`` are WnW's other hyperparameters (``n_voice``, ``n_anchor``, ...): they change
     the roles and hence the fitted λ, so they enter the fit too.
     """
+    lams = fitted_lambdas(contexts, [(float(b), params) for b in budgets], ray)
+    return [wnw_item(b, None if lams is None else lams[i], params) for i, b in enumerate(budgets)]
+
+
+def fitted_lambdas(contexts: CalibrationSet | Sequence[PolicyContext] | None,
+                   targets: Sequence[tuple[float, dict[str, Any]]],
+                   ray: str | None = None) -> list[float] | None:
+    """λ of every ``(budget, params)`` fitted on ``contexts`` (see :func:`wnw_items`); None
+    without contexts."""
+    if not contexts:
+        return None
+    if isinstance(contexts, CalibrationSet):
+        return contexts.lams(targets, ray)
+    return [fit_lambda(contexts, budget, **params) for budget, params in targets]
+
+
+def wnw_item(budget: float, lam: float | None, params: dict[str, Any]) -> PlanItem:
+    """The ``wnw`` plan item at ``budget`` with ``params``: at ``lam`` (printed to 6 digits),
+    or, with None, fitting λ per input at run time."""
     extra = "".join(f":{k}={v}" for k, v in params.items())
-    items: list[PlanItem] = []
-    for b in budgets:
-        if contexts:
-            lam = (contexts.lam(float(b), **params) if isinstance(contexts, CalibrationSet)
-                   else fit_lambda(contexts, float(b), **params))
-            items += make_plan([f"wnw:lam={lam:.6g}{extra}"], [b])
-        else:
-            items += make_plan([f"wnw{extra}"], [b])
-    return items
+    label = f"wnw:lam={lam:.6g}{extra}" if lam is not None else f"wnw{extra}"
+    (item,) = make_plan([label], [budget])
+    return item
 
 
 def lambda_of(item: PlanItem) -> float | None:

@@ -92,14 +92,17 @@ def unique_runs(settings: Sequence[Setting]) -> list[Setting]:
 
 # ----------------------------------------------------------------------------- λ
 def fit_lambdas(settings: Sequence[Setting],
-                contexts: CalibrationSet | Sequence[PolicyContext] | None) -> dict:
+                contexts: CalibrationSet | Sequence[PolicyContext] | None,
+                ray: str | None = None) -> dict:
     """λ per distinct setting fitted on ``contexts`` (WnW §3.8 A1, §3.4: a
-    :class:`CalibrationSet` under its fit, plain contexts under the prefill fit); ``{}``
-    without contexts (each input then fits its own λ)."""
+    :class:`CalibrationSet` under its fit, one Ray task per setting with ``ray``; plain
+    contexts under the prefill fit); ``{}`` without contexts (each input then fits its own λ)."""
     if not contexts:
         return {}
     if isinstance(contexts, CalibrationSet):
-        return {s.key: contexts.lam(s.budget, **dict(s.params)) for s in unique_runs(settings)}
+        runs = unique_runs(settings)
+        lams = contexts.lams([(s.budget, dict(s.params)) for s in runs], ray)
+        return {s.key: lam for s, lam in zip(runs, lams, strict=True)}
     return {s.key: fit_lambda(contexts, s.budget, **dict(s.params)) for s in unique_runs(settings)}
 
 
@@ -279,7 +282,7 @@ def run_sweep(settings: Sequence[Setting], opts: SweepOptions,
              if opts.calibration_traces else None)
     replay = live = None
     with CollectedWarnings() as caught:
-        lams = fit_lambdas(settings, calib)
+        lams = fit_lambdas(settings, calib, opts.grid.ray if opts.grid is not None else None)
         if opts.traces:
             replay = replay_settings(settings, lams, opts.traces, scores, opts.max_steps, log)
         if opts.live_out is not None:

@@ -168,3 +168,30 @@ def test_worker_keeps_one_model_and_gpu_tasks_ask_for_a_gpu():
     assert worker_model(ModelSpec("tiny:1")) is not lm
     assert task_resources(ModelSpec("tiny", device="cuda")) == {"num_gpus": 1, "max_calls": 0}
     assert task_resources(tiny) == {"num_cpus": 1}
+
+
+def test_lambda_fits_on_ray_equal_local_and_keep_their_warnings(ray_local, tmp_path, monkeypatch):
+    """`kvsim study table3/table7 --ray`: one λ fit per setting as a Ray task gives the local
+    λ exactly (the same replays), and a fit's warning reaches the driver's collector."""
+    from kvsim.policies.wnw import WnWBudgetWarning
+    from kvsim.studies.wnw_lambda import CalibrationSet, calibration_contexts
+    from kvsim.studies.wnw_sweep import CollectedWarnings, Setting, fit_lambdas
+    from kvsim.synth import SynthConfig, synthesize
+    from kvsim.trace.writer import write_trace
+
+    path = write_trace(tmp_path / "calib.kvtrace", synthesize(SynthConfig(
+        preset="small", audio_seconds=20.0, decode_steps=24, seed=0, store_values=False)))
+    params = (("n_voice", 4), ("n_anchor", 1))
+    # 0.2 is infeasible here (the anchor alone keeps ~0.3): the fit warns and returns λ = 0
+    settings = [Setting("g", str(b), b, params) for b in (0.2, 0.5, 0.7)]
+    fits = {}
+    for ray in (None, "local"):
+        if ray:  # the workers fit (their own import of kvsim); the driver must not
+            monkeypatch.setattr(CalibrationSet, "lam", lambda *a, **k: pytest.fail("fitted locally"))
+        with CollectedWarnings() as caught:
+            fits[ray] = fit_lambdas(settings, calibration_contexts([path], None), ray)
+        assert any("measured r_GPU is already" in m for m in caught.messages), ray
+    assert fits["local"] == fits[None]
+    assert fits[None][settings[0].key] == 0.0 < fits[None][settings[1].key] < fits[None][settings[2].key]
+    with pytest.warns(WnWBudgetWarning):
+        calibration_contexts([path], None).lams([(0.2, dict(params)), (0.5, dict(params))], "local")

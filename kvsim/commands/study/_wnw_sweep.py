@@ -18,7 +18,7 @@ NoLiveOption = Annotated[bool, typer.Option("--no-live", help="Replay proxies on
 NoReplayOption = Annotated[bool, typer.Option("--no-replay", help="Live decoding only, no replay")]
 ModelOption = Annotated[str, typer.Option("--model", help="Live backbone (minivox; tiny = the random test backbone)")]
 DeviceOption = Annotated[str, typer.Option("--device", help="Live device (cpu, cuda)")]
-RayOption = Annotated[str | None, typer.Option("--ray", help="Decode the live grid as Ray tasks on this cluster ('local' for a local Ray)")]
+RayOption = Annotated[str | None, typer.Option("--ray", help="Fit λ per setting and decode the live grid as Ray tasks on this cluster ('local' for a local Ray)")]
 LambdaFitOption = Annotated[str, typer.Option("--lambda-fit", help="How λ is fitted on --calibration-traces: measured (decode-time r_GPU with recalls, WnW §3.4) or prefill (prefill r_GPU only)")]
 MaxStepsOption = Annotated[int | None, typer.Option("--max-steps", help="Replay only the first N >= 1 decode steps of each trace")]
 

@@ -42,7 +42,7 @@ def table4(
     runtime: Annotated[str, typer.Option(help="Host runtime preset of the simulation")] = "hf-eager",
     model: Annotated[str, typer.Option("--model", "-m", help="Backbone decoded live (minivox; tiny for tests)")] = "minivox",
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
-    ray: Annotated[str | None, typer.Option(help="Ray address for the live grid (local: a local Ray)")] = None,
+    ray: Annotated[str | None, typer.Option(help="Ray address for the λ fits and the live grid (local: a local Ray)")] = None,
     quick: QuickOption = False,
     out: OutOption = None,
 ) -> None:

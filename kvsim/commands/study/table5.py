@@ -31,7 +31,7 @@ def table5(
     runs_only: Annotated[bool, typer.Option("--runs-only", help="With --live-runs: the table of what they hold, decode nothing")] = False,
     model: Annotated[str, typer.Option("--model", "-m", help="Backbone (minivox; tiny for tests)")] = "minivox",
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
-    ray: Annotated[str | None, typer.Option(help="Ray address for the live grid (local: a local Ray)")] = None,
+    ray: Annotated[str | None, typer.Option(help="Ray address for the λ fits and the live grid (local: a local Ray)")] = None,
     quick: QuickOption = False,
     out: OutOption = None,
 ) -> None:
