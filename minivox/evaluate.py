@@ -18,7 +18,7 @@ from pathlib import Path
 import soundfile as sf
 import torch
 
-from kvsim.wer import corpus_wer
+from kvsim.wer import corpus_wer, truncated_wer
 
 from . import load_minivox, minivox_dir
 from .data import parse_shard, read_manifest
@@ -47,8 +47,10 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | N
             hyp = proc.decode(gen)
             refs.append(r["text"])
             hyps.append(hyp)
-            w = corpus_wer([hyp], [r["text"]], proc.tokenizer)
+            scores = truncated_wer(hyp, r["text"], proc.tokenizer)
+            w = scores.wer
             rec = {"split": split, "id": r["id"], "duration": r["duration"], "wer": w,
+                   "errors": scores.errors, "ref_words": scores.ref_words,
                    "n_prompt": n_in, "n_gen": int(gen.numel()), "wall_s": wall,
                    "ref": r["text"], "hyp": hyp}
             print(f"{split} {r['id']} {r['duration']:.0f}s WER {w:.3f} gen {gen.numel()} tok "

@@ -1,0 +1,104 @@
+"""Corpus WER of every method of a live run folder (or of several minivox evaluations)
+against one baseline, paired by clip, with clip-bootstrap 95% intervals of the difference.
+
+Every method of a ``kvsim live`` folder (or study ``live`` folder) decoded the same clips,
+so the difference of two methods' corpus WER (errors over reference words, summed over
+clips, WnW §3.5) is resampled over clips, the same clips for both sides: this says whether
+a method differs from the baseline by more than the choice of clips. The ``--out`` files of
+``python -m kvsim.minivox.evaluate`` (one adapter each, named by the file) pair the same way.
+
+Usage: python scripts/live_paired_wer.py RUN_FOLDER_OR_RUNS_PARQUET --baseline SUBSTRING
+       python scripts/live_paired_wer.py EVAL_A.jsonl EVAL_B.jsonl ... --baseline SUBSTRING
+       [--n-boot 10000] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from kvsim.studies.fidelity_stats import bootstrap, bootstrap_draws
+
+
+def paired_table(runs: pl.DataFrame, baseline: str, n_boot: int = 10000, seed: int = 0) -> pl.DataFrame:
+    """One row per method label: its corpus WER, the difference to the method whose label
+    contains ``baseline`` and that difference's clip-bootstrap 95% interval."""
+    labels = sorted(set(runs["label"].to_list()))
+    base = [lab for lab in labels if baseline in lab]
+    if len(base) != 1:
+        raise ValueError(f"--baseline {baseline!r} matches {len(base)} methods (need 1): {', '.join(base)}")
+    clips = sorted(set(runs["input"].to_list()))
+    errors, words = {}, {}
+    for lab in labels:
+        rows = runs.filter(pl.col("label") == lab).sort("input")
+        if rows["input"].to_list() != clips:
+            raise ValueError(f"{lab}: decoded {rows.height} of the {len(clips)} clips; the pairing needs all")
+        errors[lab] = rows["wer_errors"].to_numpy().astype(np.float64)
+        words[lab] = rows["ref_words"].to_numpy().astype(np.float64)
+    draws = bootstrap_draws(len(clips), n_boot, seed)
+
+    def wer(lab: str, d: np.ndarray) -> float:
+        return float(errors[lab][d].sum() / words[lab][d].sum())
+
+    out = []
+    for lab in labels:
+        diff = bootstrap(lambda d, lab=lab: wer(lab, d) - wer(base[0], d), len(clips), draws)
+        out.append({"label": lab, "clips": len(clips), "wer": wer(lab, np.arange(len(clips))),
+                    "diff": diff.value, "diff_low": diff.low, "diff_high": diff.high})
+    return pl.DataFrame(out)
+
+
+def evaluation_runs(files: list[Path]) -> pl.DataFrame:
+    """The ``--out`` records of ``kvsim.minivox.evaluate`` as runs (label: the file's stem);
+    records written before they carried ``errors`` are re-scored from their text with
+    minivox's tokenizer, as the evaluation scored them (token-truncated WER, WnW §3.5)."""
+    tokenizer, rows = None, []
+    for f in files:
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            if "errors" not in rec:
+                from kvsim.minivox import load_processor, minivox_dir
+                from kvsim.wer import truncated_wer
+
+                tokenizer = tokenizer or load_processor(minivox_dir()).tokenizer
+                scores = truncated_wer(rec["hyp"], rec["ref"], tokenizer)
+                rec["errors"], rec["ref_words"] = scores.errors, scores.ref_words
+            rows.append({"input": f"{rec['split']}/{rec['id']}", "label": f.stem,
+                         "wer_errors": rec["errors"], "ref_words": rec["ref_words"]})
+    return pl.DataFrame(rows)
+
+
+def read_runs(paths: list[Path]) -> pl.DataFrame:
+    """A run folder or runs.parquet, or several evaluation ``.jsonl`` files."""
+    if all(p.suffix == ".jsonl" for p in paths):
+        return evaluation_runs(paths)
+    if len(paths) != 1:
+        raise ValueError("give one run folder (or runs.parquet), or evaluation .jsonl files only")
+    return pl.read_parquet(paths[0] / "runs.parquet" if paths[0].is_dir() else paths[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", type=Path, nargs="+")
+    ap.add_argument("--baseline", required=True, help="a substring of exactly one method label")
+    ap.add_argument("--n-boot", type=int, default=10000)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    where = ", ".join(map(str, a.runs))
+    try:
+        table = paired_table(read_runs(a.runs), a.baseline, a.n_boot, a.seed)
+    except (OSError, ValueError, KeyError, json.JSONDecodeError, pl.exceptions.PolarsError) as exc:
+        print(f"{where}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    with pl.Config(tbl_rows=-1, fmt_str_lengths=90, tbl_width_chars=200):
+        print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""scripts/live_paired_wer.py: paired corpus-WER differences of a live grid's methods."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("live_paired_wer", ROOT / "scripts/live_paired_wer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _runs(rows: list[tuple[str, str, int, int]]) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema=["input", "label", "wer_errors", "ref_words"], orient="row")
+
+
+def test_corpus_wer_and_paired_interval():
+    runs = _runs([("c0", "full", 1, 10), ("c1", "full", 2, 20), ("c2", "full", 0, 30),
+                  ("c0", "wnw", 3, 10), ("c1", "wnw", 2, 20), ("c2", "wnw", 6, 30)])
+    table = _script().paired_table(runs, "full", n_boot=500).sort("label")
+    full, wnw = table.rows(named=True)
+    assert full["wer"] == pytest.approx(3 / 60) and full["diff"] == 0.0 == full["diff_low"]
+    assert wnw["wer"] == pytest.approx(11 / 60) and wnw["diff"] == pytest.approx(8 / 60)
+    # wnw makes at least as many errors as full on every clip: no resample can reverse it
+    assert 0.0 <= wnw["diff_low"] <= wnw["diff"] <= wnw["diff_high"]
+
+
+def test_ambiguous_baseline_and_missing_clips_are_one_line(tmp_path, capsys):
+    script = _script()
+    runs = _runs([("c0", "wnw@0.2", 1, 10), ("c0", "wnw@0.4", 1, 10), ("c1", "wnw@0.4", 1, 10)])
+    with pytest.raises(ValueError, match="matches 2 methods"):
+        script.paired_table(runs, "wnw")
+    runs.write_parquet(tmp_path / "runs.parquet")
+    assert script.main([str(tmp_path), "--baseline", "0.4"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path}: wnw@0.2: decoded 1 of the 2 clips" in err and err.count("\n") == 1
+
+
+def test_minivox_evaluations_pair_by_clip(tmp_path, capsys):
+    """`kvsim.minivox.evaluate --out` files, one adapter each, pair by (split, clip)."""
+    import json
+
+    def write(name: str, errors: list[int]) -> Path:
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"split": "test_long", "id": f"c{i}", "errors": e,
+                                            "ref_words": 20, "wer": e / 20}) + "\n"
+                                for i, e in enumerate(errors)))
+        return path
+
+    script = _script()
+    files = [write("shipped", [10, 12, 8]), write("guided", [6, 12, 9])]
+    table = script.paired_table(script.read_runs(files), "guided", n_boot=200).sort("label")
+    guided, shipped = table.rows(named=True)
+    assert (guided["wer"], shipped["wer"]) == (pytest.approx(27 / 60), pytest.approx(30 / 60))
+    assert shipped["diff"] == pytest.approx(3 / 60) and shipped["diff_low"] < shipped["diff"]
+    with pytest.raises(ValueError, match="one run folder"):
+        script.read_runs([files[0], tmp_path / "runs.parquet"])
+    assert script.main([str(files[0]), str(write("broken", [1])), "--baseline", "guided"]) == 2
+    assert "matches 0 methods" in capsys.readouterr().err
