@@ -18,7 +18,7 @@ from pathlib import Path
 import soundfile as sf
 import torch
 
-from kvsim.wer import corpus_wer, truncated_wer
+from kvsim.wer import average_wer, corpus_wer, truncated_wer
 
 from . import load_minivox, minivox_dir
 from .data import parse_shard, read_manifest
@@ -32,7 +32,7 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | N
     fh = out.open("w") if out else None
     for split in splits:
         rows = read_manifest(data, split).to_dicts()[:limit][shard[0]::shard[1]]
-        refs, hyps = [], []
+        clip_scores = []
         for r in rows:
             audio, _ = sf.read(r["abs_path"], dtype="float32")
             inp = proc(audio=audio)
@@ -45,9 +45,8 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | N
             wall = time.perf_counter() - t0
             gen = res[0, n_in:]
             hyp = proc.decode(gen)
-            refs.append(r["text"])
-            hyps.append(hyp)
             scores = truncated_wer(hyp, r["text"], proc.tokenizer)
+            clip_scores.append(scores)
             w = scores.wer
             rec = {"split": split, "id": r["id"], "duration": r["duration"], "wer": w,
                    "errors": scores.errors, "ref_words": scores.ref_words,
@@ -58,7 +57,8 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | N
             if fh:
                 fh.write(json.dumps(rec) + "\n")
                 fh.flush()
-        results[split] = corpus_wer(hyps, refs, proc.tokenizer)
+        # the corpus WER of the clips' own scores (corpus_wer pools the same errors and words)
+        results[split] = average_wer([c.errors for c in clip_scores], [c.ref_words for c in clip_scores])
         print(f"== {split}: {len(rows)} clips, corpus WER {results[split]:.4f}", flush=True)
     if fh:
         fh.close()
