@@ -12,7 +12,7 @@ from kvsim.policies.base import BufferStepView, HeadLayout, Tier, all_audio_atte
 from kvsim.replay.buffers import StepAttentionBuffers
 from kvsim.replay.engine import PolicySpec
 from kvsim.replay.logwriter import StepLogWriter
-from kvsim.replay.metrics import MetricAccumulator
+from kvsim.replay.metrics import MetricAccumulator, top_k_indicator
 from kvsim.replay.runstate import PolicyRun
 from kvsim.replay.steploop import share_gpu_masks
 from tests.float32_bounds import U32, gamma
@@ -130,3 +130,21 @@ def test_metrics_exact_cases_and_recall_bound() -> None:
     assert ((recall[2] > 0) & (recall[2] < 1)).all()  # a case that is not exact by construction
     jaccard = acc.step_jaccard[2, 0] * 4  # sum over q-heads; the kv-head-0 q-heads read top-K
     assert jaccard >= 2.0 and acc.step_jaccard[2, 0] < 1.0
+
+
+def test_top_k_indicator_matches_a_stable_sort_with_heavy_ties() -> None:
+    """The top-K indicator is the K largest of every row, ties at the K-th value broken towards
+    the lowest positions (a stable descending sort), written into a strided block of a larger
+    array without touching the rest of it."""
+    rng = np.random.default_rng(3)
+    for _ in range(100):
+        n_kv, group, n = (int(v) for v in rng.integers((1, 1, 5), (4, 5, 60)))
+        k = int(rng.integers(1, n))
+        scores = rng.integers(0, 6, size=(n_kv, group, n)).astype(np.float32)  # many ties
+        block = np.full((n_kv, 2 * group, n), 7.0, dtype=np.float32)
+        top_k_indicator(scores, k, out=block[:, group:])
+        order = np.argsort(-scores, axis=-1, kind="stable")[..., :k]
+        expected = np.zeros_like(scores)
+        np.put_along_axis(expected, order, 1.0, axis=-1)
+        assert (block[:, group:] == expected).all()
+        assert (block[:, :group] == 7.0).all()
