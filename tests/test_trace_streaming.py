@@ -17,6 +17,7 @@ from kvsim.replay.tensors import TraceTensors
 from kvsim.synth import SynthConfig, synthesize, write_synthetic
 from kvsim.trace.reader import Trace
 from kvsim.trace.schema import TraceError
+from kvsim.trace.tensors import first_nonfinite
 from kvsim.trace.writer import TraceWriter, write_trace
 
 
@@ -113,3 +114,16 @@ def test_prefill_attention_one_kv_head_at_a_time_is_the_whole_layers(
             per_head = causal_attention_columns(queries, keys, window, columns)
             assert per_head.dtype == np.float32 and per_head.flags.c_contiguous
             assert per_head.tobytes() == np.ascontiguousarray(whole).tobytes()
+
+
+def test_first_nonfinite_on_float16_bits_agrees_with_isfinite_on_every_half() -> None:
+    """The float16 NaN/inf test reads exponent bits; every one of the 65,536 half values is
+    classified as ``np.isfinite`` classifies it, and the first bad index is the same."""
+    every_half = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    with np.errstate(invalid="ignore"):
+        finite = np.isfinite(every_half.astype(np.float32))
+    for i in np.flatnonzero(~finite)[:: 97].tolist() + [int(np.flatnonzero(~finite)[-1])]:
+        arr = np.zeros((2, 3, 4), dtype=np.float16)
+        arr.reshape(-1)[7:] = every_half[i]
+        assert first_nonfinite(arr) == (0, 1, 3)
+    assert first_nonfinite(every_half[finite].reshape(-1, 8)) is None

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -42,6 +42,11 @@ class TraceTensors:
     values: list[np.ndarray] | None
     audio_index: slice | np.ndarray
     non_audio: np.ndarray
+    #: decode steps whose queries :meth:`step_queries` reads and converts at once
+    query_block: int = 32
+    #: (first position, (L, H_q, B, D) float32) of the block of queries read last
+    _queries: tuple[int, np.ndarray] = field(default=(-1, np.empty((0, 0, 0, 0), np.float32)),
+                                             repr=False)
 
     @classmethod
     def load(cls, trace: ReplayTrace) -> TraceTensors:
@@ -71,9 +76,28 @@ class TraceTensors:
         return [k[:, self.audio_index] for k in self.keys]
 
     def step_queries(self, position: int) -> list[np.ndarray]:
-        """(H_q, D) float32 query of the token at ``position``, for every layer."""
-        row = self.trace.query_index(position)
-        return [as_f32(self.trace.queries(layer)[:, row]) for layer in range(len(self.keys))]
+        """(H_q, D) float32 query of the token at ``position``, for every layer.
+
+        Decode steps ask for consecutive positions, whose queries are consecutive rows of the
+        stored queries (every answer position has one, in order): they are read and converted
+        ``query_block`` steps at a time, one slice per layer, instead of one row per layer
+        and step (the same float32 values).
+        """
+        first, block = self._queries
+        if not 0 <= position - first < block.shape[2]:
+            first, block = position, self._query_block(position)
+            self._queries = first, block
+        return list(block[:, :, position - first])
+
+    def _query_block(self, position: int) -> np.ndarray:
+        """(L, H_q, B, D) float32 queries of the positions from ``position`` on whose rows are
+        consecutive (B ≤ ``query_block``, at least 1)."""
+        trace = self.trace
+        last = min(position + self.query_block, trace.meta.n_positions)
+        rows = np.array([trace.query_index(p) for p in range(position, last)], dtype=np.int64)
+        row, n = int(rows[0]), int(np.count_nonzero(rows - rows[0] == np.arange(len(rows))))
+        return np.stack([as_f32(trace.queries(layer)[:, row : row + n])
+                         for layer in range(len(self.keys))])
 
     def attention(self, q: np.ndarray, layer: int, position: int, group: int) -> LayerAttention:
         """Full attention ``softmax(q Kᵀ/√d)`` of the query at ``position`` over the keys of
