@@ -139,7 +139,7 @@ def test_top_k_indicator_matches_a_stable_sort_with_heavy_ties() -> None:
     rng = np.random.default_rng(3)
     for _ in range(100):
         n_kv, group, n = (int(v) for v in rng.integers((1, 1, 5), (4, 5, 60)))
-        k = int(rng.integers(1, n))
+        k = int(rng.integers(1, n + 1))
         scores = rng.integers(0, 6, size=(n_kv, group, n)).astype(np.float32)  # many ties
         block = np.full((n_kv, 2 * group, n), 7.0, dtype=np.float32)
         top_k_indicator(scores, k, out=block[:, group:])
