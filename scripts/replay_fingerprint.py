@@ -80,14 +80,16 @@ def _run_hashes(result) -> dict[str, str]:
     return out
 
 
-def replay_fingerprints(paths: list[Path], max_steps: int | None) -> tuple[dict, list]:
+def replay_fingerprints(paths: list[Path], max_steps: int | None,
+                        block_mib: float = ReplayConfig.attention_block_mib) -> tuple[dict, list]:
     """Hashes of every run of every trace; also returns the results at ``SIM_BUDGET``."""
     specs = [PolicySpec(name, b) for b in BUDGETS for name in registry.available()]
     hashes: dict[str, object] = {}
     sampled = []
     for path in paths:
         trace = Trace(path)
-        rep = Replayer(trace, ReplayConfig(error_stride=1, max_steps=max_steps))
+        rep = Replayer(trace, ReplayConfig(error_stride=1, max_steps=max_steps,
+                                              attention_block_mib=block_mib))
         for res in rep.run(specs):
             hashes[f"{trace.name}/{res.spec.label}@{res.spec.budget:g}"] = _run_hashes(res)
             if res.spec.budget == SIM_BUDGET:
@@ -95,7 +97,7 @@ def replay_fingerprints(paths: list[Path], max_steps: int | None) -> tuple[dict,
         hashes[f"{trace.name}/failures"] = [f"{s.label}@{s.budget:g}: {m}" for s, m in rep.failures]
         # a recorded run (tiers after prefill and every step) of a recalling policy
         rec = Replayer(trace, ReplayConfig(error_stride=3, record_tiers=True, topk=7,
-                                           max_steps=max_steps))
+                                           max_steps=max_steps, attention_block_mib=block_mib))
         for res in rec.run([PolicySpec("wnw", 0.3), PolicySpec("arkvale", 0.3)]):
             hashes[f"{trace.name}/recorded/{res.spec.label}"] = _run_hashes(res)
     return hashes, sampled
@@ -136,8 +138,11 @@ def main() -> None:
     ap.add_argument("traces", nargs="*", type=Path, default=[Path("traces")])
     ap.add_argument("--out", type=Path, default=None, help="write every hash to this JSON file")
     ap.add_argument("--max-steps", type=int, default=None)
+    ap.add_argument("--attention-block-mib", type=float, default=ReplayConfig.attention_block_mib,
+                    help="ReplayConfig.attention_block_mib (0: one step and layer at a time)")
     args = ap.parse_args()
-    replay, sampled = replay_fingerprints(find_traces(args.traces), args.max_steps)
+    replay, sampled = replay_fingerprints(find_traces(args.traces), args.max_steps,
+                                          args.attention_block_mib)
     sim = sim_fingerprints(sampled)
     total = {"replay": _hash(json.dumps(replay, sort_keys=True)),
              "sim": _hash(json.dumps(sim, sort_keys=True))}

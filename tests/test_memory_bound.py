@@ -10,7 +10,8 @@ is compared with the trace's stored key bytes (float16):
   the bound, a quarter of the key bytes + 32 MiB, is far below the 2x that holding the float32
   keys of every layer costs (``synthesize``).
 * replay holds the float32 keys of every layer, 2x the key bytes, plus the prefill view's
-  cache (at most ``PREFILL_CACHE_BYTES``), step buffers proportional to T_a and allocator
+  cache (at most ``PREFILL_CACHE_BYTES``), the decode steps' attention computed ahead (at
+  most ``ReplayConfig.attention_block_mib``), step buffers proportional to T_a and allocator
   slack (64 MiB); the bound is 2.5x the key bytes plus those. The code before (memory-mapped
   pages resident beside the float32 copy, every layer's window attention cached) took about
   5x. The policies replayed are ``full``, ``snapkv``, ``wnw`` and ``arkvale``.
@@ -21,7 +22,10 @@ replay, less the prefill view's cache, must stay within 6 layers (measured 4.7 o
 trace; 7.2 before the prefill attention was computed a KV-head at a time, ArkVale's prefill
 scores a layer at a time, its page digests a head at a time and stacked without per-layer
 copies, and WnW's step attention kept for its anchor layers only). Everything counted there
-grows with the audio, as the keys do, so the same count holds at an hour.
+grows with the audio, as the keys do, so the same count holds at an hour. That count is taken
+with the decode steps' attention computed one step and layer at a time
+(``attention_block_mib=0``): the block of steps computed ahead is sized to its budget by
+construction (``tests/test_attention_block.py``), and the resident-set bound above includes it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 import pytest
 
 from kvsim.core.views import PREFILL_CACHE_BYTES
+from kvsim.replay.engine import ReplayConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -56,7 +61,7 @@ specs = [PolicySpec(name, 0.2) for name in ("full", "snapkv", "wnw", "arkvale")]
 if mode == "traced":  # bytes allocated beyond the loaded keys, at the replay's peak
     import tracemalloc
     tracemalloc.start()
-    rep = Replayer(Trace(target), ReplayConfig(max_steps=2))
+    rep = Replayer(Trace(target), ReplayConfig(max_steps=2, attention_block_mib=0))
     loaded = tracemalloc.get_traced_memory()[0]
     tracemalloc.reset_peak()
     rep.run(specs)
@@ -102,7 +107,9 @@ def test_synth_and_replay_peak_memory_stay_bounded(tmp_path: Path) -> None:
     assert key_bytes > 100e6  # large enough that 2x of it dwarfs the constant terms
     assert synth_growth <= 0.25 * key_bytes + 32 * MIB, (synth_growth, key_bytes)
     replay_growth = growth("replay", trace, tmp_path)
-    assert replay_growth <= 2.5 * key_bytes + PREFILL_CACHE_BYTES + 64 * MIB, (replay_growth, key_bytes)
-    traced = child("traced", trace, tmp_path)
+    block = ReplayConfig().attention_block_mib * MIB
+    assert replay_growth <= 2.5 * key_bytes + PREFILL_CACHE_BYTES + block + 64 * MIB, (
+        replay_growth, key_bytes)
+    traced = child("traced", trace, tmp_path)  # without the attention block (bounded above)
     layers = (traced["beyond_keys"] - PREFILL_CACHE_BYTES) / traced["layer"]
     assert layers <= 6, traced

@@ -48,6 +48,38 @@ def softmax_(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def decode_attention_block(queries: np.ndarray, keys: np.ndarray,
+                           positions: np.ndarray) -> np.ndarray:
+    """Full attention of the queries of consecutive decode positions, each over the keys up to
+    its own position, from one matrix product.
+
+    Replay is open loop (the recorded queries do not depend on the policy), so the queries of
+    B steps can share one ``q·Kᵀ``: the keys are read once for B steps instead of once per
+    step, which is what keeps a one-query product from running at the machine's
+    memory speed rather than its arithmetic speed. A row's logits come from a product B
+    queries tall, so they may differ in the last bit from a one-query product (BLAS kernels
+    tile by the product's shape); with B = 1 this is the per-step computation, bit for bit.
+
+    Parameters
+    ----------
+    queries : (H_q, B, D) float32, C-contiguous
+        The queries of positions ``positions``.
+    keys : (H_kv, N, D) float32
+        Keys, ``N > positions[-1]``.
+    positions : (B,) int
+        Absolute positions, ascending.
+
+    Returns
+    -------
+    (H_q, B, n) float32, ``n = positions[-1] + 1``: row ``b`` of every q-head is the softmax
+    over positions ``[0, positions[b]]``; the entries after ``positions[b]`` are not defined.
+    """
+    logits = gqa_logits(queries, keys[:, : int(positions[-1]) + 1])
+    for b, position in enumerate(positions):
+        softmax_(logits[:, b, : int(position) + 1])
+    return logits
+
+
 def causal_attention(q: np.ndarray, keys: np.ndarray, q_positions: np.ndarray) -> np.ndarray:
     """Full attention of queries at absolute ``q_positions`` over ``keys[:, :max+1]``.
 

@@ -76,6 +76,12 @@ class ReplayConfig:
         Whether the encoder's padding counts as audio (``count``, the trace as recorded) or is
         taken out of the cache before any policy sees it (``drop``; needs a trace that
         records its padding). See :mod:`kvsim.replay.padding`.
+    attention_block_mib : float
+        Memory the shared attention pass may spend on decode steps computed ahead: the steps
+        whose attention (every layer) fits are computed with one ``q·Kᵀ`` per layer, which
+        reads the keys once for all of them (up to 16 steps; several times faster on short
+        traces). 0 computes one step and layer at a time. The values may differ in the last
+        bit between settings (see :func:`kvsim.core.attention.decode_attention_block`).
     """
 
     topk: int = 100
@@ -86,6 +92,7 @@ class ReplayConfig:
     max_steps: int | None = None
     seed: int = 0
     padding: str = "count"
+    attention_block_mib: float = 64.0
 
     def __post_init__(self) -> None:
         check_padding_mode(self.padding)
@@ -130,7 +137,7 @@ class Replayer:
             raise ValueError(f"{trace.path}: trace has no audio positions; nothing to compress")
         self.n_audio = len(self.audio)
         self.n_steps = meta.n_decode if self.cfg.max_steps is None else min(meta.n_decode, self.cfg.max_steps)
-        self.tensors = TraceTensors.load(trace)
+        self.tensors = TraceTensors.load(trace, int(self.cfg.attention_block_mib * 2**20))
         self.ctx = trace_context(trace, self.cfg.head_scores, self.cfg.seed)
         self.dtype_bytes = np.dtype(meta.model.dtype).itemsize
         self.failures: list[tuple[PolicySpec, str]] = []

@@ -8,7 +8,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvsim.core.attention import as_f32, gqa_logits, softmax_
+from kvsim.core.attention import as_f32, decode_attention_block, gqa_logits, softmax_
+from kvsim.core.shapes import HeadLayout
 from kvsim.replay.padding import ReplayTrace
 
 
@@ -42,20 +43,26 @@ class TraceTensors:
     values: list[np.ndarray] | None
     audio_index: slice | np.ndarray
     non_audio: np.ndarray
+    #: decode steps whose attention :meth:`attention` computes in one product per layer
+    #: (:func:`steps_per_block`); 1 = one step and layer at a time
+    step_block: int = 1
     #: decode steps whose queries :meth:`step_queries` reads and converts at once
     query_block: int = 32
     #: (first position, (L, H_q, B, D) float32) of the block of queries read last
     _queries: tuple[int, np.ndarray] = field(default=(-1, np.empty((0, 0, 0, 0), np.float32)),
                                              repr=False)
+    #: per layer: (first position, (H_q, B, n) attention) of the block computed last
+    _blocks: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def load(cls, trace: ReplayTrace) -> TraceTensors:
+    def load(cls, trace: ReplayTrace, block_bytes: int = 0) -> TraceTensors:
         """Read every layer's keys and, if stored, values, converted to float32 once.
 
         Every decode step reads every layer's keys, so the conversion pays for itself; the
         layers are read one at a time with file reads (:meth:`Trace.read_layer`), not through
         the memory map, so the storage-dtype pages never join the resident set: peak memory
-        is the float32 copy plus one layer (2x the stored float16 keys).
+        is the float32 copy plus one layer (2x the stored float16 keys). ``block_bytes``: the
+        memory the decode-step attention computed ahead may hold (:func:`steps_per_block`).
         """
         n_layers = trace.head_layout.n_layers
         audio = trace.audio_positions
@@ -69,6 +76,7 @@ class TraceTensors:
                     if trace.meta.has_values else None),
             audio_index=slice(lo, hi) if hi - lo == len(audio) else audio,
             non_audio=non_audio,
+            step_block=steps_per_block(trace.head_layout, trace.meta.n_positions, block_bytes),
         )
 
     def audio_keys(self) -> list[np.ndarray]:
@@ -101,7 +109,41 @@ class TraceTensors:
 
     def attention(self, q: np.ndarray, layer: int, position: int, group: int) -> LayerAttention:
         """Full attention ``softmax(q Kᵀ/√d)`` of the query at ``position`` over the keys of
-        ``layer`` up to it (GQA groups of ``group`` q-heads), and its audio part."""
-        att = softmax_(gqa_logits(q, self.keys[layer][:, : position + 1]))  # (H_q, p + 1)
+        ``layer`` up to it (GQA groups of ``group`` q-heads), and its audio part.
+
+        With ``step_block`` > 1 it is a row of the block of decode steps computed with it
+        (:func:`kvsim.core.attention.decode_attention_block`; ``q`` is then read from the
+        trace with the block's other queries).
+        """
+        n_prefill = self.trace.meta.n_prefill
+        if self.step_block > 1 and position >= n_prefill:
+            att = self._block_row(layer, position, n_prefill)
+        else:
+            att = softmax_(gqa_logits(q, self.keys[layer][:, : position + 1]))  # (H_q, p + 1)
         audio = att[:, self.audio_index]
         return LayerAttention(att, audio.reshape(-1, group, audio.shape[-1]))
+
+    def _block_row(self, layer: int, position: int, n_prefill: int) -> np.ndarray:
+        """(H_q, p + 1) attention of ``position`` at ``layer``, a view of its block's row.
+
+        Blocks are a fixed grid of ``step_block`` steps from the first decode step (clipped at
+        the trace's end), whatever the steps replayed, so a step's values do not depend on
+        ``max_steps``."""
+        first, block = self._blocks.get(layer, (-1, None))
+        if block is None or not 0 <= position - first < block.shape[1]:
+            first = n_prefill + (position - n_prefill) // self.step_block * self.step_block
+            positions = np.arange(first, min(first + self.step_block, self.trace.meta.n_positions))
+            rows = [self.trace.query_index(int(p)) for p in positions]
+            queries = np.ascontiguousarray(as_f32(self.trace.queries(layer)[:, rows]))
+            block = decode_attention_block(queries, self.keys[layer], positions)
+            self._blocks[layer] = first, block
+        return block[:, position - first, : position + 1]
+
+
+def steps_per_block(heads: HeadLayout, n_positions: int, block_bytes: int,
+                    most: int = 16) -> int:
+    """Decode steps whose attention is computed in one product: as many as the attention of
+    every layer for those steps, L × H_q × B × N float32, fits in ``block_bytes`` (at most
+    ``most``; 1 when not even two fit, the per-step computation)."""
+    per_step = heads.n_layers * heads.n_q_heads * n_positions * 4
+    return int(min(most, max(1, block_bytes // max(per_step, 1))))
