@@ -76,6 +76,7 @@ def replay(
     error_stride: Annotated[int, typer.Option(help="Output error sampled every N >= 1 steps (needs values; 1 = every step)")] = 16,
     max_steps: Annotated[int | None, typer.Option(help="Replay only the first N >= 1 decode steps")] = None,
     padding: Annotated[str, typer.Option(help="count: the encoder's padding (the zero-padded tail of the last 30 s window) is audio, as recorded; drop: replay as if it were not in the cache (budgets, r_GPU, recall and every policy over the real audio only; needs traces that record their padding)")] = "count",
+    attention_block_mib: Annotated[float, typer.Option(help="Memory (MiB) for decode steps whose attention is computed ahead in one product per layer (up to 16 steps; faster on short traces); 0 = one step at a time. Values differ only in float32 rounding")] = 64.0,
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Traces replayed in parallel (processes, >= 1)")] = 1,
     ray: Annotated[str | None, typer.Option("--ray", help="Replay traces as Ray tasks on a cluster: its address ('auto' for the one `ray start` made, 'local' for a local Ray)")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Keep the traces an interrupted run with the same options completed in --out; replay only the rest")] = False,
@@ -98,6 +99,8 @@ def replay(
     try:
         check_positive_ints(topk=topk, error_stride=error_stride, max_steps=max_steps, jobs=jobs)
         check_padding_mode(padding)
+        if not attention_block_mib >= 0:
+            raise ValueError(f"--attention-block-mib must be >= 0, got {attention_block_mib}")
         specs = [s for b in parse_budgets(budget) for s in parse_policies(policy, b)]
         if simulate:
             _check_simulate(simulate, sim_mode, resume)
@@ -107,12 +110,13 @@ def replay(
         scores = read_heads(calibration) if calibration else None
         config = {"policies": [s.label for s in specs], "budgets": [s.budget for s in specs],
                   "topk": topk, "error_stride": error_stride, "max_steps": max_steps,
-                  "calibration": str(calibration) if calibration else None, "padding": padding}
+                  "calibration": str(calibration) if calibration else None, "padding": padding,
+                  "attention_block_mib": attention_block_mib}
         run = RunDir.open(out, "replay", [str(p) for p in paths], config, resume=resume)
     except (ValueError, KeyError, FileNotFoundError, TraceError) as exc:
         fail(exc)
     cfg = ReplayConfig(topk=topk, error_stride=error_stride, max_steps=max_steps, head_scores=scores,
-                       padding=padding)
+                       padding=padding, attention_block_mib=attention_block_mib)
     with run:
         status = _replay_into(run, [p for p in paths if str(p) not in run.completed], specs, cfg,
                               jobs, ray, (simulate, sim_mode, plot), (fmt, wide))

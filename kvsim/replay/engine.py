@@ -96,6 +96,8 @@ class ReplayConfig:
 
     def __post_init__(self) -> None:
         check_padding_mode(self.padding)
+        if not self.attention_block_mib >= 0:  # NaN too
+            raise ValueError(f"attention_block_mib must be >= 0, got {self.attention_block_mib}")
 
 
 @dataclass
