@@ -5,7 +5,7 @@ one run over the shipped traces (or the traces given), alternating full / all ev
 ratio is given in wall time and in this process's CPU time: on a machine loaded by other work
 the CPU time (one BLAS thread) is the steadier figure.
 
-Usage: python benchmarks/policy_zoo_speed.py [TRACES...] [--rounds 2]
+Usage: python benchmarks/policy_zoo_speed.py [TRACES...] [--rounds 2] [--attention-block-mib M]
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("traces", nargs="*")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--attention-block-mib", type=float, default=ReplayConfig.attention_block_mib,
+                    help="ReplayConfig.attention_block_mib (0: one decode step at a time)")
     args = ap.parse_args()
     traces = [Trace(p) for p in find_traces(args.traces or [default_trace_dir()])]
     names = [n for n in registry.available() if not n.startswith("_")]
     everything = [PolicySpec(n, b) for n in names for b in BUDGETS]
-    cfg = ReplayConfig()
+    cfg = ReplayConfig(attention_block_mib=args.attention_block_mib)
     t_full, t_all, c_full, c_all = [], [], [], []
     per_policy: dict[str, float] = {}
     for _ in range(args.rounds):
