@@ -55,10 +55,11 @@ def decode_attention_block(queries: np.ndarray, keys: np.ndarray,
 
     Replay is open loop (the recorded queries do not depend on the policy), so the queries of
     B steps can share one ``q·Kᵀ``: the keys are read once for B steps instead of once per
-    step, which is what keeps a one-query product from running at the machine's
-    memory speed rather than its arithmetic speed. A row's logits come from a product B
-    queries tall, so they may differ in the last bit from a one-query product (BLAS kernels
-    tile by the product's shape); with B = 1 this is the per-step computation, bit for bit.
+    step. A one-query product per step is bound by reading the keys (a few rows per KV-head
+    against all of them); B queries tall, it runs several times faster. A row's logits then
+    come from a product B queries tall, so they may differ in the last bit from a one-query
+    product (BLAS kernels tile by the product's shape); with B = 1 this is the per-step
+    computation, bit for bit.
 
     Parameters
     ----------
