@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from kvsim.core.attention import decode_attention_block, gqa_logits, softmax_
+from kvsim.core.shapes import HeadLayout
 from kvsim.replay.engine import PolicySpec, ReplayConfig, Replayer, replay_trace
 from kvsim.replay.tensors import steps_per_block
 from kvsim.trace import Trace
@@ -53,8 +54,6 @@ def test_a_block_of_one_step_is_the_per_step_computation_bit_for_bit() -> None:
 
 
 def test_steps_per_block_fits_the_memory_given() -> None:
-    from kvsim.core.shapes import HeadLayout
-
     heads = HeadLayout(n_layers=30, n_q_heads=32, n_kv_heads=8, head_dim=128)
     per_step = 30 * 32 * 1618 * 4
     assert steps_per_block(heads, 1618, 0) == 1
