@@ -111,3 +111,28 @@ def _worst_probability_bound(trace: Trace) -> float:
             bound = softmax_rel_bound(logit_bound(q64, k64[:, : position + 1]), position + 1)
             worst = max(worst, float(bound.max()))
     return worst
+
+
+def test_every_decode_step_the_replay_reads_is_its_own_softmax(block_trace: Path) -> None:
+    """What the engine reads at a (step, layer) is that step's softmax over positions up to
+    its own, whichever row of which block it comes from: within the float32 bound of a
+    float64 softmax, and its audio columns the matching view."""
+    trace = Trace(block_trace)
+    tensors = Replayer(trace).tensors
+    heads, meta = trace.head_layout, trace.meta
+    assert tensors.step_block > 7
+    for layer in range(heads.n_layers):
+        k64 = np.repeat(np.asarray(trace.keys(layer), dtype=np.float64), heads.group, axis=0)
+        for step in range(meta.n_decode):
+            position = meta.n_prefill + step
+            q = tensors.step_queries(position)[layer]
+            att = tensors.attention(q, layer, position, heads.group)
+            assert att.full.shape == (heads.n_q_heads, position + 1)
+            q64 = q.astype(np.float64)
+            logits = np.einsum("hd,hnd->hn", q64, k64[:, : position + 1]) / np.sqrt(q64.shape[-1])
+            exact = np.exp(logits - logits.max(-1, keepdims=True))
+            exact /= exact.sum(-1, keepdims=True)
+            bound = softmax_rel_bound(logit_bound(q64, k64[:, : position + 1]), position + 1)
+            assert (np.abs(att.full - exact) <= bound * exact).all(), (layer, step)
+            audio = att.full[:, trace.audio_positions].reshape(att.audio.shape)
+            assert np.array_equal(att.audio, audio)
