@@ -46,9 +46,10 @@ class TraceTensors:
     #: decode steps whose attention :meth:`attention` computes in one product per layer
     #: (:func:`steps_per_block`); 1 = one step and layer at a time
     step_block: int = 1
-    #: decode steps whose queries :meth:`step_queries` reads and converts at once
+    #: decode steps whose queries are read and converted at once (rounded up to whole
+    #: attention blocks)
     query_block: int = 32
-    #: (first position, (L, H_q, B, D) float32) of the block of queries read last
+    #: (first position, (L, H_q, B, D) float32) of the block of decode queries read last
     _queries: tuple[int, np.ndarray] = field(default=(-1, np.empty((0, 0, 0, 0), np.float32)),
                                              repr=False)
     #: per layer: (first position, (H_q, B, n) attention) of the block computed last
@@ -86,34 +87,40 @@ class TraceTensors:
     def step_queries(self, position: int) -> list[np.ndarray]:
         """(H_q, D) float32 query of the token at ``position``, for every layer.
 
-        Decode steps ask for consecutive positions, whose queries are consecutive rows of the
-        stored queries (every answer position has one, in order): they are read and converted
-        ``query_block`` steps at a time, one slice per layer, instead of one row per layer
-        and step (the same float32 values).
+        A decode step's query comes from the block of decode queries it belongs to
+        (:meth:`_decode_queries`), read and converted once for the step queries and the
+        attention blocks alike (the same float32 values as one row at a time).
         """
-        first, block = self._queries
-        if not 0 <= position - first < block.shape[2]:
-            first, block = position, self._query_block(position)
-            self._queries = first, block
+        if position < self.trace.meta.n_prefill:
+            row = self.trace.query_index(position)
+            return [as_f32(self.trace.queries(layer)[:, row]) for layer in range(len(self.keys))]
+        first, block = self._decode_queries(position)
         return list(block[:, :, position - first])
 
-    def _query_block(self, position: int) -> np.ndarray:
-        """(L, H_q, B, D) float32 queries of the positions from ``position`` on whose rows are
-        consecutive (B ≤ ``query_block``, at least 1)."""
-        trace = self.trace
-        last = min(position + self.query_block, trace.meta.n_positions)
-        rows = np.array([trace.query_index(p) for p in range(position, last)], dtype=np.int64)
-        row, n = int(rows[0]), int(np.count_nonzero(rows - rows[0] == np.arange(len(rows))))
-        return np.stack([as_f32(trace.queries(layer)[:, row : row + n])
-                         for layer in range(len(self.keys))])
+    def _decode_queries(self, position: int) -> tuple[int, np.ndarray]:
+        """(first position, (L, H_q, B, D) float32 queries) of the block of decode positions
+        that holds ``position``: a fixed grid from the first decode step, blocks of
+        ``query_block`` rounded up to whole attention blocks (so that every attention block
+        lies in one), clipped at the trace's end."""
+        first, block = self._queries
+        if not 0 <= position - first < block.shape[2]:
+            size = -(-self.query_block // self.step_block) * self.step_block
+            n_prefill = self.trace.meta.n_prefill
+            first = n_prefill + (position - n_prefill) // size * size
+            rows = [self.trace.query_index(p)
+                    for p in range(first, min(first + size, self.trace.meta.n_positions))]
+            block = np.stack([as_f32(self.trace.queries(layer)[:, rows])
+                              for layer in range(len(self.keys))])
+            self._queries = first, block
+        return first, block
 
     def attention(self, q: np.ndarray, layer: int, position: int, group: int) -> LayerAttention:
         """Full attention ``softmax(q Kᵀ/√d)`` of the query at ``position`` over the keys of
         ``layer`` up to it (GQA groups of ``group`` q-heads), and its audio part.
 
         With ``step_block`` > 1 it is a row of the block of decode steps computed with it
-        (:func:`kvsim.core.attention.decode_attention_block`; ``q`` is then read from the
-        trace with the block's other queries).
+        (:func:`kvsim.core.attention.decode_attention_block`; ``q`` then comes from the
+        block's decode queries).
         """
         n_prefill = self.trace.meta.n_prefill
         if self.step_block > 1 and position >= n_prefill:
@@ -133,8 +140,9 @@ class TraceTensors:
         if block is None or not 0 <= position - first < block.shape[1]:
             first = n_prefill + (position - n_prefill) // self.step_block * self.step_block
             positions = np.arange(first, min(first + self.step_block, self.trace.meta.n_positions))
-            rows = [self.trace.query_index(int(p)) for p in positions]
-            queries = np.ascontiguousarray(as_f32(self.trace.queries(layer)[:, rows]))
+            q_first, q_block = self._decode_queries(first)
+            rows = slice(first - q_first, first - q_first + len(positions))
+            queries = np.ascontiguousarray(q_block[layer][:, rows])
             block = decode_attention_block(queries, self.keys[layer], positions)
             self._blocks[layer] = first, block
         return block[:, position - first, : position + 1]
