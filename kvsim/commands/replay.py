@@ -99,8 +99,6 @@ def replay(
     try:
         check_positive_ints(topk=topk, error_stride=error_stride, max_steps=max_steps, jobs=jobs)
         check_padding_mode(padding)
-        if not attention_block_mib >= 0:
-            raise ValueError(f"--attention-block-mib must be >= 0, got {attention_block_mib}")
         specs = [s for b in parse_budgets(budget) for s in parse_policies(policy, b)]
         if simulate:
             _check_simulate(simulate, sim_mode, resume)
@@ -108,6 +106,9 @@ def replay(
         if not paths:
             raise ValueError("no *.kvtrace found")
         scores = read_heads(calibration) if calibration else None
+        cfg = ReplayConfig(topk=topk, error_stride=error_stride, max_steps=max_steps,
+                           head_scores=scores, padding=padding,
+                           attention_block_mib=attention_block_mib)  # validates its fields
         config = {"policies": [s.label for s in specs], "budgets": [s.budget for s in specs],
                   "topk": topk, "error_stride": error_stride, "max_steps": max_steps,
                   "calibration": str(calibration) if calibration else None, "padding": padding,
@@ -115,8 +116,6 @@ def replay(
         run = RunDir.open(out, "replay", [str(p) for p in paths], config, resume=resume)
     except (ValueError, KeyError, FileNotFoundError, TraceError) as exc:
         fail(exc)
-    cfg = ReplayConfig(topk=topk, error_stride=error_stride, max_steps=max_steps, head_scores=scores,
-                       padding=padding, attention_block_mib=attention_block_mib)
     with run:
         status = _replay_into(run, [p for p in paths if str(p) not in run.completed], specs, cfg,
                               jobs, ray, (simulate, sim_mode, plot), (fmt, wide))
