@@ -27,6 +27,15 @@ def _operands(seed: int = 0, h_kv: int = 2, group: int = 4, n: int = 90, d: int 
     return queries, keys, positions, group
 
 
+def _softmax64(q64: np.ndarray, k_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 softmax of every q-head's query (H_q, D) over its keys (H_q, n, D), and the
+    relative error bound of a float32 computation of it."""
+    logits = np.einsum("hd,hnd->hn", q64, k_row) / np.sqrt(q64.shape[-1])
+    exact = np.exp(logits - logits.max(-1, keepdims=True))
+    exact /= exact.sum(-1, keepdims=True)
+    return exact, softmax_rel_bound(logit_bound(q64, k_row), k_row.shape[1])
+
+
 def test_every_row_of_a_block_is_a_softmax_within_float32_rounding() -> None:
     queries, keys, positions, group = _operands()
     block = decode_attention_block(queries, keys, positions)
@@ -35,10 +44,7 @@ def test_every_row_of_a_block_is_a_softmax_within_float32_rounding() -> None:
     for b, position in enumerate(positions):
         q64 = queries[:, b].astype(np.float64)
         k_row = k64[:, : position + 1]
-        logits = np.einsum("hd,hnd->hn", q64, k_row) / np.sqrt(q64.shape[-1])
-        exact = np.exp(logits - logits.max(-1, keepdims=True))
-        exact /= exact.sum(-1, keepdims=True)
-        bound = softmax_rel_bound(logit_bound(q64, k_row), position + 1)
+        exact, bound = _softmax64(q64, k_row)
         got = block[:, b, : position + 1].astype(np.float64)
         assert (np.abs(got - exact) <= bound * exact).all()
 
@@ -108,8 +114,8 @@ def _worst_probability_bound(trace: Trace) -> float:
         for step in range(meta.n_decode):
             position = meta.n_prefill + step
             q64 = np.asarray(trace.queries(layer)[:, trace.query_index(position)], dtype=np.float64)
-            bound = softmax_rel_bound(logit_bound(q64, k64[:, : position + 1]), position + 1)
-            worst = max(worst, float(bound.max()))
+            worst_row = _softmax64(q64, k64[:, : position + 1])[1]
+            worst = max(worst, float(worst_row.max()))
     return worst
 
 
@@ -129,10 +135,7 @@ def test_every_decode_step_the_replay_reads_is_its_own_softmax(block_trace: Path
             att = tensors.attention(q, layer, position, heads.group)
             assert att.full.shape == (heads.n_q_heads, position + 1)
             q64 = q.astype(np.float64)
-            logits = np.einsum("hd,hnd->hn", q64, k64[:, : position + 1]) / np.sqrt(q64.shape[-1])
-            exact = np.exp(logits - logits.max(-1, keepdims=True))
-            exact /= exact.sum(-1, keepdims=True)
-            bound = softmax_rel_bound(logit_bound(q64, k64[:, : position + 1]), position + 1)
+            exact, bound = _softmax64(q64, k64[:, : position + 1])
             assert (np.abs(att.full - exact) <= bound * exact).all(), (layer, step)
             audio = att.full[:, trace.audio_positions].reshape(att.audio.shape)
             assert np.array_equal(att.audio, audio)
