@@ -139,3 +139,30 @@ def test_every_decode_step_the_replay_reads_is_its_own_softmax(block_trace: Path
             assert (np.abs(att.full - exact) <= bound * exact).all(), (layer, step)
             audio = att.full[:, trace.audio_positions].reshape(att.audio.shape)
             assert np.array_equal(att.audio, audio)
+
+
+def test_runs_with_fixed_reads_are_measured_per_block_as_step_by_step(block_trace: Path) -> None:
+    """A run whose reads are fixed at prefill is measured a block of steps at a time; the same
+    run with its tiers recorded goes step by step. Its top-K hits are sums of 0/1 (exact in
+    float32), so the Jaccard differs only in the order of its float64 means; a recall is a ratio of two T_a-term float32 sums
+    of the same probabilities, from products of another shape; the output error divides by
+    the kept mass."""
+    trace = Trace(block_trace)
+    specs = [PolicySpec("snapkv", 0.3), PolicySpec("h2o", 0.3), PolicySpec("random", 0.4)]
+    # output error on steps inside blocks too (the blocks start at steps 0, 16 here)
+    blocked = replay_trace(trace, specs, ReplayConfig(error_stride=3))  # snapkv, random: static
+    stepwise = replay_trace(trace, specs, ReplayConfig(error_stride=3, record_tiers=True))
+    recall_bound = 2 * (2 * gamma(trace.n_audio) + U32)
+    for a, b in zip(blocked, stepwise, strict=True):
+        assert a.step_log.equals(b.step_log)
+        # the same per-(step, layer, q-head) values; their float64 means may sum in another
+        # order (one rounding per term at most)
+        terms = trace.meta.n_decode * trace.head_layout.n_layers * trace.head_layout.n_q_heads
+        assert a.summary["topk_jaccard"] == pytest.approx(b.summary["topk_jaccard"],
+                                                          rel=terms * 2.0**-53, abs=0)
+        np.testing.assert_allclose(a.per_head_recall, b.per_head_recall, rtol=recall_bound, atol=0)
+        np.testing.assert_allclose(a.step_recall, b.step_recall, rtol=recall_bound, atol=0)
+        # o_c = kept output / kept mass: the mass's relative difference moves ‖o_c − o‖/‖o‖
+        # by at most ‖o_c‖/‖o‖ ≤ 1 + error times it
+        err = b.summary["output_error"]
+        assert a.summary["output_error"] == pytest.approx(err, rel=0, abs=(1 + err) * recall_bound)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from kvsim.policies.base import BufferStepView, HeadLayout, Tier, all_audio_attention
 from kvsim.replay.buffers import StepAttentionBuffers
@@ -102,7 +103,10 @@ def test_step_attention_buffers_hold_the_layers_read() -> None:
     assert np.isnan(all_audio_attention(views[0], HEADS.n_layers)[0]).all()
 
 
-def test_metrics_exact_cases_and_recall_bound() -> None:
+@pytest.mark.parametrize("n_static", [0, 3, 2], ids=["stepwise", "static", "mixed"])
+def test_metrics_exact_cases_and_recall_bound(n_static: int) -> None:
+    """The same figures whether a run is measured step by step or, its reads fixed, over a
+    block of steps (here a block of one step)."""
     rng = np.random.default_rng(1)
     n_kv, group, n_audio, k_top = 2, 2, 50, 5
     heads = HeadLayout(n_layers=1, n_q_heads=n_kv * group, n_kv_heads=n_kv, head_dim=8)
@@ -116,7 +120,9 @@ def test_metrics_exact_cases_and_recall_bound() -> None:
     masks[2, 1, top[1, 0]] = 0.0
     masks[3] = 1.0
     resident = masks[:3].sum(-1).astype(np.int64)
-    acc = MetricAccumulator(3, heads, n_audio, n_steps=1, topk=k_top)
+    acc = MetricAccumulator(3, heads, n_audio, n_steps=1, topk=k_top, n_static=n_static)
+    acc.set_static_masks(masks[None])
+    acc.start_block(0, 0, audio_att[:, :, None], resident)
     mass = acc.add_layer(0, 0, audio_att, masks, resident)
     recall = acc.recall_sum[:, 0]
     assert (recall[0] == 1.0).all() and (mass.normaliser[0] == 1.0).all()  # by construction

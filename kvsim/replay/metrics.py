@@ -48,22 +48,34 @@ class RunMetrics:
 class MetricAccumulator:
     """Recall, top-K Jaccard and output error of R runs, batched over the runs.
 
-    The kept audio mass and the top-K hits of every run and q-head, and the full audio mass,
-    come out of one ``(2g, T_a) x (T_a, R + 1)`` product per KV-head: the left operand holds
-    the q-heads' audio attention (rows ``[0, g)``) and the 0/1 indicator of their top-K
-    positions (rows ``[g, 2g)``); the right operand is every run's read mask plus an all-ones
-    mask (slot R), so the full mass comes from the same kernel and summation as every kept mass.
+    The kept audio mass and the top-K hits of runs and q-heads, and the full audio mass, come
+    out of one ``(2g·B, T_a) x (T_a, n + 1)`` product per KV-head: the left operand holds the
+    q-heads' audio attention of B decode steps and the 0/1 indicator of their top-K positions;
+    the right operand is the read mask of n runs plus an all-ones mask, so the full mass comes
+    from the same kernel and summation as every kept mass.
+
+    The first ``n_static`` runs read what they chose at prefill at every step (no tier update,
+    no selection): they are measured once per block of decode steps (:meth:`start_block`,
+    B = the block's steps, against a copy of their masks laid out for the product); the others
+    step by step (:meth:`add_layer`, B = 1), with the top-K indicator of the block. Either way a
+    figure is the same float32 sums of the same probabilities (the products' shapes differ, so
+    the roundings may).
     """
 
     def __init__(self, n_runs: int, heads: HeadLayout, n_audio: int, n_steps: int,
-                 topk: int) -> None:
-        n_kv, group, n_q = heads.n_kv_heads, heads.group, heads.n_q_heads
+                 topk: int, n_static: int = 0) -> None:
+        n_q = heads.n_q_heads
         self.n_runs, self.n_audio, self.n_layers = n_runs, n_audio, heads.n_layers
-        self.group = group
+        self.n_steps, self.group = n_steps, heads.group
         self.k_top = min(topk, n_audio)
-        self.kv_of_q = np.arange(n_q)[:, None] // group  # (H_q, 1): KV-head of each q-head
-        self.lhs = np.zeros((n_kv, 2 * group, n_audio), dtype=np.float32)
-        self.lhs_att, self.lhs_top = self.lhs[:, :group], self.lhs[:, group:]
+        self.kv_of_q = np.arange(n_q) // heads.group  # KV-head of each q-head
+        self.n_static = n_static
+        self.static, self.dynamic = slice(0, n_static), slice(n_static, n_runs)
+        #: per layer: (first step, (H_kv, g, B, T_a) bool top-K indicator) of its block
+        self._top: dict[int, tuple[int, np.ndarray]] = {}
+        #: per layer: the static runs' kept mass (B, S, H_q) and the full mass (B, H_q)
+        self._static_mass: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._static_masks: np.ndarray | None = None  # (L, H_kv, T_a, S + 1)
         self.recall_sum = np.zeros((n_runs, heads.n_layers, n_q))
         self.step_recall = np.zeros((n_runs, n_steps))
         self.step_jaccard = np.zeros((n_runs, n_steps))
@@ -71,9 +83,61 @@ class MetricAccumulator:
         self.err_by_layer = np.zeros((n_runs, heads.n_layers))
         self.err_n = 0
 
+    def set_static_masks(self, masks_with_full: np.ndarray) -> None:
+        """Keep the static runs' masks (and the all-ones slot R) of ``masks_with_full``
+        (L, R + 1, H_kv, T_a) in the layout of the block product, (L, H_kv, T_a, S + 1)."""
+        if not self.n_static:
+            return
+        cols = [*range(self.n_static), self.n_runs]
+        self._static_masks = np.ascontiguousarray(masks_with_full[:, cols].transpose(0, 2, 3, 1))
+
+    def start_block(self, first_step: int, layer: int, audio_block: np.ndarray,
+                    resident: np.ndarray) -> None:
+        """Open the block of decode steps from ``first_step`` at ``layer``: the top-K
+        indicator of its steps, and the recall and top-K Jaccard of every static run.
+
+        Parameters
+        ----------
+        audio_block : (H_kv, g, B, T_a) float32
+            The full attention's audio columns at the block's B steps (the steps past the
+            last replayed one are ignored).
+        resident : (R, H_kv) int
+            Audio positions every run reads per KV-head.
+        """
+        n_kv, group, n_block, n_audio = audio_block.shape
+        top = None
+        if self.k_top < n_audio:
+            top = top_k_indicator(audio_block, self.k_top,
+                                  out=np.empty(audio_block.shape, dtype=bool))
+        self._top[layer] = first_step, top
+        if not self.n_static:
+            return
+        parts = 1 if top is None else 2  # attention rows, then top-K rows
+        lhs = np.empty((n_kv, parts, group, n_block, n_audio), dtype=np.float32)
+        lhs[:, 0] = audio_block
+        if top is not None:
+            lhs[:, 1] = top
+        prod = np.matmul(lhs.reshape(n_kv, parts * group * n_block, n_audio),
+                         self._static_masks[layer])  # (H_kv, parts·g·B, S + 1)
+        n_valid = min(n_block, self.n_steps - first_step)
+        per_step = prod.reshape(n_kv, parts, group, n_block, -1)[:, :, :, :n_valid]
+        per_step = per_step.transpose(1, 3, 4, 0, 2).reshape(parts, n_valid, -1, n_kv * group)
+        static, steps = self.static, slice(first_step, first_step + n_valid)
+        resident_q = resident[static][:, self.kv_of_q]  # (S, H_q)
+        kept, full = per_step[0, :, :-1], per_step[0, :, -1]  # (B, S, H_q), (B, H_q)
+        recall, kept = self._recall(kept, full[:, None], resident_q)
+        self.recall_sum[static, layer] += np.add.reduce(recall, axis=0)
+        self.step_recall[static, steps] += row_mean(recall).T
+        hits = (per_step[1, :, :-1] if top is not None
+                else np.broadcast_to(resident_q, (n_valid, *resident_q.shape)))
+        self.step_jaccard[static, steps] += self._jaccard(hits, resident_q).T
+        self._static_mass[layer] = kept, full
+
     def add_layer(self, step: int, layer: int, audio_att: np.ndarray,
                   masks_with_full: np.ndarray, resident: np.ndarray) -> LayerMass:
-        """Add the recall and top-K Jaccard of every run at (``step``, ``layer``).
+        """Add the recall and top-K Jaccard of every run that is not static at (``step``,
+        ``layer``), a step of the block opened last by :meth:`start_block`; return every run's
+        attention mass there.
 
         Parameters
         ----------
@@ -84,39 +148,51 @@ class MetricAccumulator:
         resident : (R, H_kv) int
             Audio positions every run read per KV-head.
         """
-        n_runs, group = self.n_runs, self.group
-        prod = self._mass_and_top_hits(audio_att, masks_with_full)  # (H_kv, 2g, R + 1)
-        mass = prod[:, :group].reshape(-1, n_runs + 1).T  # (R + 1, H_q)
-        full_mass = mass[n_runs]
-        resident_q = resident[:, self.kv_of_q[:, 0]]  # (R, H_q)
+        first, top = self._top[layer]
+        resident_q = resident[:, self.kv_of_q]  # (R, H_q)
+        kept_mass = np.empty(resident_q.shape, dtype=np.float32)
+        full_mass = np.empty(resident_q.shape, dtype=np.float32)
+        if self.n_static:
+            kept, full = self._static_mass[layer]
+            kept_mass[self.static], full_mass[self.static] = kept[step - first], full[step - first]
+        if self.n_static < self.n_runs:
+            dynamic, n_kv = self.dynamic, audio_att.shape[0]
+            parts = 1 if top is None else 2
+            lhs = np.empty((n_kv, parts, self.group, self.n_audio), dtype=np.float32)
+            lhs[:, 0] = audio_att
+            if top is not None:
+                lhs[:, 1] = top[:, :, step - first]
+            cols = masks_with_full[self.n_static:]  # the stepwise runs and the all-ones slot
+            prod = np.matmul(lhs.reshape(n_kv, parts * self.group, self.n_audio),
+                             cols.transpose(1, 2, 0))  # (H_kv, parts·g, D + 1)
+            per_q = prod.reshape(n_kv, parts, self.group, -1).transpose(1, 3, 0, 2).reshape(
+                parts, prod.shape[-1], -1)  # (parts, D + 1, H_q)
+            recall, kept = self._recall(per_q[0, :-1], per_q[0, -1], resident_q[dynamic])
+            self.recall_sum[dynamic, layer] += recall
+            self.step_recall[dynamic, step] += row_mean(recall)
+            hits = per_q[1, :-1] if top is not None else resident_q[dynamic]
+            self.step_jaccard[dynamic, step] += self._jaccard(hits, resident_q[dynamic])
+            kept_mass[dynamic], full_mass[dynamic] = kept, per_q[0, -1]
         whole = resident_q == self.n_audio
-        kept_mass = np.where(whole, full_mass, mass[:n_runs])
-        recall = np.divide(kept_mass, full_mass, out=np.ones_like(kept_mass), where=full_mass > 0)
-        self.recall_sum[:, layer] += recall
-        self.step_recall[:, step] += row_mean(recall)
-        self._add_jaccard(step, prod, resident_q)
         normaliser = np.where(whole, np.float32(1.0), 1.0 - full_mass + kept_mass)
         return LayerMass(whole, normaliser)
 
-    def _mass_and_top_hits(self, audio_att: np.ndarray, masks_with_full: np.ndarray) -> np.ndarray:
-        """The one product per layer: kept mass (rows ``[0, g)``) and top-K hits (rows
-        ``[g, 2g)``) of every run, full mass in the last column."""
-        self.lhs_att[...] = audio_att
-        if self.k_top < self.n_audio:
-            top_k_indicator(self.lhs_att, self.k_top, out=self.lhs_top)
-        return np.matmul(self.lhs, masks_with_full.transpose(1, 2, 0))
+    def _recall(self, mass: np.ndarray, full_mass: np.ndarray,
+                resident_q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Attention recall from the runs' masses ``mass`` (..., n, H_q) and the full mass
+        (broadcast), and the kept mass: a run that reads every position of a q-head's
+        KV-head keeps the full mass by construction (recall exactly 1)."""
+        kept = np.where(resident_q == self.n_audio, full_mass, mass)
+        full = np.broadcast_to(full_mass, kept.shape)
+        recall = np.divide(kept, full, out=np.ones_like(kept), where=full > 0)
+        return recall, kept
 
-    def _add_jaccard(self, step: int, prod: np.ndarray, resident_q: np.ndarray) -> None:
-        """Top-K Jaccard: the compressed ranking is the full one restricted to what the run
-        read, so |top_full ∩ top_comp| = read hits of top_full (sums of 0/1, exact in
-        float32), and |top_comp| = min(K, positions read)."""
-        k_top = self.k_top
-        if k_top < self.n_audio:
-            hits = prod[:, self.group:, :self.n_runs].reshape(-1, self.n_runs).T
-        else:
-            hits = resident_q
-        k_comp = np.minimum(k_top, resident_q)
-        self.step_jaccard[:, step] += row_mean(hits / np.maximum(k_top + k_comp - hits, 1))
+    def _jaccard(self, hits: np.ndarray, resident_q: np.ndarray) -> np.ndarray:
+        """Top-K Jaccard, mean over q-heads: the compressed ranking is the full one restricted
+        to what the run read, so |top_full ∩ top_comp| = read hits of top_full (sums of 0/1,
+        exact in float32), and |top_comp| = min(K, positions read)."""
+        k_comp = np.minimum(self.k_top, resident_q)
+        return row_mean(hits / np.maximum(self.k_top + k_comp - hits, 1))
 
     def add_output_error(self, errors: np.ndarray, layer: int | None = None) -> None:
         """Add every run's output error of one (step, ``layer``) (see :func:`output_error`)."""

@@ -4,6 +4,10 @@ per (step, layer) shared by all of them.
 Every run's read mask lives in one array, layer-major, so that what a layer reads of every run
 is one contiguous block and the metrics of all runs are a handful of batched numpy calls per
 layer and step, whatever the number of runs. Slot R of that array holds ones: the full model.
+The runs whose reads are fixed at prefill (:func:`is_static`: SnapKV, StreamingLLM, ...) take
+the first slots and are measured once per block of decode steps that the attention pass
+computes together; the others, and the all-ones slot, form the contiguous tail read at every
+step.
 """
 
 from __future__ import annotations
@@ -56,12 +60,22 @@ def changes_tiers(run: PolicyRun) -> bool:
             or type(run.policy).decode_step is not Policy.decode_step)
 
 
+def is_static(run: PolicyRun) -> bool:
+    """Whether what a run reads is fixed at prefill: no tier update and no step attention
+    to fill (its metrics can then be taken a block of steps at a time)."""
+    return not (changes_tiers(run) or run.policy.needs_step_attention)
+
+
 class StepLoop:
     """Replays the decode steps of a batch of prefilled runs."""
 
     def __init__(self, tensors: TraceTensors, runs: list[PolicyRun], heads: HeadLayout,
                  settings: LoopSettings) -> None:
         n_audio = settings.n_audio
+        # the runs with fixed reads first: the others' masks and the all-ones slot are then one
+        # contiguous block of the shared mask array, read at every step
+        self.order = sorted(range(len(runs)), key=lambda r: not is_static(runs[r]))
+        runs = [runs[r] for r in self.order]
         self.tensors, self.runs, self.heads, self.settings = tensors, runs, heads, settings
         # a query-aware run's slot of a layer holds, during the step, what its selection read
         # there (written before use); its tiers live in the run
@@ -69,19 +83,24 @@ class StepLoop:
         self.selection = QueryAwareSelection(runs, tensors.audio_keys())
         self.buffers = StepAttentionBuffers(runs, heads, n_audio)
         self.metrics = MetricAccumulator(len(runs), heads, n_audio, settings.n_steps,
-                                         settings.topk)
+                                         settings.topk, n_static=sum(map(is_static, runs)))
+        self.metrics.set_static_masks(self.masks_with_full)
         self.reads = np.zeros((settings.n_steps, len(runs)), dtype=np.int64)  # audio read
         self.stepping = [run for run in runs if changes_tiers(run)]
 
     def run(self) -> list[RunMetrics]:
-        """Replay every step; complete the runs' step logs; return their metrics."""
+        """Replay every step; complete the runs' step logs; return their metrics, in the
+        order of the runs given."""
         for step in range(self.settings.n_steps):
             self.step(step)
         for r, run in enumerate(self.runs):
             run.log.record_reads(self.reads[:, r])
             if not changes_tiers(run):  # the prefill counts hold at every step
                 run.log.record_constant_tiers(run.n_gpu, run.n_cpu)
-        return [self.metrics.of_run(r) for r in range(len(self.runs))]
+        metrics: list[RunMetrics] = [None] * len(self.runs)  # type: ignore[list-item]
+        for slot, given in enumerate(self.order):
+            metrics[given] = self.metrics.of_run(slot)
+        return metrics
 
     def step(self, step: int) -> None:
         """One decode step: selections, every layer's attention pass and metrics, tier updates."""
@@ -99,6 +118,16 @@ class StepLoop:
         for run in self.stepping:
             run.end_step(step, cfg.check_invariants)
 
+    def _start_block_at(self, step: int, layer: int, position: int, resident: np.ndarray) -> None:
+        """At the first step of a block of decode steps (every step with blocks of one):
+        the block's top-K indicator and the metrics of the runs with fixed reads."""
+        first, block = self.tensors.block(layer)  # (H_q, B, n)
+        if first != position:
+            return
+        audio = block[:, :, self.tensors.audio_index]  # (H_q, B, T_a)
+        n_kv = self.heads.n_kv_heads
+        self.metrics.start_block(step, layer, audio.reshape(n_kv, -1, *audio.shape[1:]), resident)
+
     def layer(self, step: int, layer: int, q: np.ndarray, non_audio: np.ndarray,
               error_sampled: bool) -> None:
         """The attention pass of (``step``, ``layer``) and every run's metrics there."""
@@ -107,6 +136,7 @@ class StepLoop:
         masks_with_full = self.masks_with_full[layer]  # (R + 1, H_kv, T_a), contiguous
         run_masks = masks_with_full[: len(self.runs)]
         resident = self.resident[layer]  # (R, H_kv)
+        self._start_block_at(step, layer, position, resident)
         self.selection.select_layer(step, layer, q, run_masks, resident)
         self.reads[step] += resident.sum(-1)
         mass = self.metrics.add_layer(step, layer, att.audio, masks_with_full, resident)

@@ -127,8 +127,15 @@ class TraceTensors:
             att = self._block_row(layer, position, n_prefill)
         else:
             att = softmax_(gqa_logits(q, self.keys[layer][:, : position + 1]))  # (H_q, p + 1)
+            self._blocks[layer] = position, att[:, None]
         audio = att[:, self.audio_index]
         return LayerAttention(att, audio.reshape(-1, group, audio.shape[-1]))
+
+    def block(self, layer: int) -> tuple[int, np.ndarray]:
+        """(first position, (H_q, B, n) attention) of the block of decode steps that the last
+        :meth:`attention` call at ``layer`` read: its ``step_block`` steps (a block of one
+        step, the step itself, with ``step_block`` = 1), over positions up to the last one."""
+        return self._blocks[layer]
 
     def _block_row(self, layer: int, position: int, n_prefill: int) -> np.ndarray:
         """(H_q, p + 1) attention of ``position`` at ``layer``, a view of its block's row.
