@@ -76,6 +76,7 @@ class MetricAccumulator:
         #: per layer: the static runs' kept mass (B, S, H_q) and the full mass (B, H_q)
         self._static_mass: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._static_masks: np.ndarray | None = None  # (L, H_kv, T_a, S + 1)
+        self._work: dict[object, np.ndarray] = {}  # see _scratch
         self.recall_sum = np.zeros((n_runs, heads.n_layers, n_q))
         self.step_recall = np.zeros((n_runs, n_steps))
         self.step_jaccard = np.zeros((n_runs, n_steps))
@@ -108,12 +109,12 @@ class MetricAccumulator:
         top = None
         if self.k_top < n_audio:
             top = top_k_indicator(audio_block, self.k_top,
-                                  out=np.empty(audio_block.shape, dtype=bool))
+                                  out=self._scratch(("top", layer), audio_block.shape, bool))
         self._top[layer] = first_step, top
         if not self.n_static:
             return
         parts = 1 if top is None else 2  # attention rows, then top-K rows
-        lhs = np.empty((n_kv, parts, group, n_block, n_audio), dtype=np.float32)
+        lhs = self._scratch("block", (n_kv, parts, group, n_block, n_audio), np.float32)
         lhs[:, 0] = audio_block
         if top is not None:
             lhs[:, 1] = top
@@ -158,7 +159,7 @@ class MetricAccumulator:
         if self.n_static < self.n_runs:
             dynamic, n_kv = self.dynamic, audio_att.shape[0]
             parts = 1 if top is None else 2
-            lhs = np.empty((n_kv, parts, self.group, self.n_audio), dtype=np.float32)
+            lhs = self._scratch("step", (n_kv, parts, self.group, self.n_audio), np.float32)
             lhs[:, 0] = audio_att
             if top is not None:
                 lhs[:, 1] = top[:, :, step - first]
@@ -176,6 +177,14 @@ class MetricAccumulator:
         whole = resident_q == self.n_audio
         normaliser = np.where(whole, np.float32(1.0), 1.0 - full_mass + kept_mass)
         return LayerMass(whole, normaliser)
+
+    def _scratch(self, key: object, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+        """A work array of ``shape``, the same one at every call with that key and shape
+        (these arrays are large enough that a fresh allocation costs page faults each time)."""
+        out = self._work.get(key)
+        if out is None or out.shape != shape:
+            out = self._work[key] = np.empty(shape, dtype=dtype)
+        return out
 
     def _recall(self, mass: np.ndarray, full_mass: np.ndarray,
                 resident_q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
