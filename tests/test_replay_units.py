@@ -13,9 +13,10 @@ from kvsim.policies.base import BufferStepView, HeadLayout, Tier, all_audio_atte
 from kvsim.replay.buffers import StepAttentionBuffers
 from kvsim.replay.engine import PolicySpec
 from kvsim.replay.logwriter import StepLogWriter
-from kvsim.replay.metrics import MetricAccumulator, top_k_indicator
+from kvsim.replay.metrics import LayerMass, MetricAccumulator, output_error, top_k_indicator
 from kvsim.replay.runstate import PolicyRun
 from kvsim.replay.steploop import share_gpu_masks
+from kvsim.replay.tensors import LayerAttention
 from tests.float32_bounds import U32, gamma
 
 HEADS = HeadLayout(n_layers=2, n_q_heads=4, n_kv_heads=2, head_dim=8)
@@ -154,3 +155,40 @@ def test_top_k_indicator_matches_a_stable_sort_with_heavy_ties() -> None:
         np.put_along_axis(expected, order, 1.0, axis=-1)
         assert (block[:, group:] == expected).all()
         assert (block[:, :group] == 7.0).all()
+
+
+def test_output_error_reads_contiguous_audio_through_views_as_the_gathered_positions() -> None:
+    """The text part of the output comes from views of the positions around contiguous audio,
+    or from the gathered non-audio positions: the same sums in another grouping, so within
+    float32 rounding of each other and of a float64 reference; a full mask's error is 0."""
+    rng = np.random.default_rng(5)
+    n_kv, group, d, n = 2, 3, 16, 60
+    audio = np.arange(7, 47)
+    full = rng.dirichlet(np.ones(n), size=n_kv * group).astype(np.float32)
+    att = LayerAttention(full, full[:, audio].reshape(n_kv, group, -1))
+    values = rng.standard_normal((n_kv, n + 5, d)).astype(np.float32)
+    non_audio = np.ones(n, dtype=bool)
+    non_audio[audio] = False
+    masks = np.ones((3, n_kv, audio.size), dtype=np.float32)
+    masks[0] = rng.random((n_kv, audio.size)) < 0.5  # slot 1: a run reading everything
+    resident = masks[:2].sum(-1).astype(np.int64)
+    kept = (full.reshape(n_kv, group, -1)[:, :, audio] * masks[:2, :, None]).sum(-1)
+    whole = (resident == audio.size)[:, np.arange(n_kv * group) // group]
+    normaliser = np.where(whole, 1.0, 1.0 - full[:, audio].sum(-1) + kept.reshape(2, -1))
+    mass = LayerMass(whole, normaliser.astype(np.float32))
+    by_view = output_error(att, values, slice(7, 47), non_audio, masks, mass)
+    gathered = output_error(att, values, audio, non_audio, masks, mass)
+    assert by_view[1] == gathered[1] == 0.0
+    # float64 reference of run 0
+    p64, v64 = full.astype(np.float64).reshape(n_kv, group, -1), values[:, :n].astype(np.float64)
+    keep = non_audio[None, None, :].repeat(n_kv, 0).repeat(group, 1).astype(np.float64)
+    keep[:, :, audio] = masks[0][:, None, :]
+    o = p64 @ v64
+    o_c = ((p64 * keep) @ v64) / (p64 * keep).sum(-1, keepdims=True)
+    exact = (np.linalg.norm(o_c - o, axis=-1) / np.linalg.norm(o, axis=-1)).mean()
+    # each output is a float32 sum of n terms (γ_n relative to the sum of magnitudes, which
+    # this bounds by the values' largest row norm over the output norm)
+    scale = np.abs(v64).max() * np.sqrt(d) / np.linalg.norm(o, axis=-1).min()
+    bound = 4 * gamma(n) * scale * (1 + exact)
+    assert by_view[0] == pytest.approx(exact, abs=bound)
+    assert gathered[0] == pytest.approx(exact, abs=bound)

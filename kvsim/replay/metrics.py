@@ -16,6 +16,7 @@ error exactly 0 whatever the CPU (a matmul row may round differently on another 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -23,6 +24,9 @@ import numpy as np
 
 from kvsim.core.shapes import HeadLayout
 from kvsim.replay.tensors import LayerAttention
+
+#: ``work(key, shape, dtype)``: a work array kept between calls (:meth:`MetricAccumulator.work`)
+WorkArrays = Callable[[object, tuple[int, ...], type], np.ndarray]
 
 
 class LayerMass(NamedTuple):
@@ -76,7 +80,7 @@ class MetricAccumulator:
         #: per layer: the static runs' kept mass (B, S, H_q) and the full mass (B, H_q)
         self._static_mass: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._static_masks: np.ndarray | None = None  # (L, H_kv, T_a, S + 1)
-        self._work: dict[object, np.ndarray] = {}  # see _scratch
+        self._work: dict[object, np.ndarray] = {}  # see work()
         self.recall_sum = np.zeros((n_runs, heads.n_layers, n_q))
         self.step_recall = np.zeros((n_runs, n_steps))
         self.step_jaccard = np.zeros((n_runs, n_steps))
@@ -109,12 +113,12 @@ class MetricAccumulator:
         top = None
         if self.k_top < n_audio:
             top = top_k_indicator(audio_block, self.k_top,
-                                  out=self._scratch(("top", layer), audio_block.shape, bool))
+                                  out=self.work(("top", layer), audio_block.shape, bool))
         self._top[layer] = first_step, top
         if not self.n_static:
             return
         parts = 1 if top is None else 2  # attention rows, then top-K rows
-        lhs = self._scratch("block", (n_kv, parts, group, n_block, n_audio), np.float32)
+        lhs = self.work("block", (n_kv, parts, group, n_block, n_audio), np.float32)
         lhs[:, 0] = audio_block
         if top is not None:
             lhs[:, 1] = top
@@ -159,7 +163,7 @@ class MetricAccumulator:
         if self.n_static < self.n_runs:
             dynamic, n_kv = self.dynamic, audio_att.shape[0]
             parts = 1 if top is None else 2
-            lhs = self._scratch("step", (n_kv, parts, self.group, self.n_audio), np.float32)
+            lhs = self.work("step", (n_kv, parts, self.group, self.n_audio), np.float32)
             lhs[:, 0] = audio_att
             if top is not None:
                 lhs[:, 1] = top[:, :, step - first]
@@ -178,7 +182,7 @@ class MetricAccumulator:
         normaliser = np.where(whole, np.float32(1.0), 1.0 - full_mass + kept_mass)
         return LayerMass(whole, normaliser)
 
-    def _scratch(self, key: object, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    def work(self, key: object, shape: tuple[int, ...], dtype: type) -> np.ndarray:
         """A work array of ``shape``, the same one at every call with that key and shape
         (these arrays are large enough that a fresh allocation costs page faults each time)."""
         out = self._work.get(key)
@@ -249,7 +253,8 @@ def row_mean(x: np.ndarray) -> np.ndarray:
 
 
 def output_error(att: LayerAttention, values: np.ndarray, audio_index: slice | np.ndarray,
-                 non_audio: np.ndarray, masks_with_full: np.ndarray, mass: LayerMass) -> np.ndarray:
+                 non_audio: np.ndarray, masks_with_full: np.ndarray, mass: LayerMass,
+                 work: WorkArrays | None = None) -> np.ndarray:
     """(R,) relative attention-output error of every run at one (step, layer), mean over q-heads.
 
     Parameters
@@ -264,15 +269,18 @@ def output_error(att: LayerAttention, values: np.ndarray, audio_index: slice | n
         The non-audio positions up to the current one.
     masks_with_full, mass
         As in :meth:`MetricAccumulator.add_layer`.
+    work : WorkArrays, optional
+        Where the products' operands are kept between calls (:meth:`MetricAccumulator.work`).
     """
     n_kv, group, n_audio = att.audio.shape
     n_runs, n_q = masks_with_full.shape[0] - 1, n_kv * group
-    out_text = np.matmul(att.full[:, non_audio].reshape(n_kv, group, -1),
-                         values[:, : non_audio.size][:, non_audio])
+    out_text = _text_output(att.full.reshape(n_kv, group, -1), values, audio_index, non_audio)
     # kept attention of every run and of the full mask (slot R), KV-head-major so that each
     # KV-head's output for all of them is one ((R + 1)·g, T_a) x (T_a, D) product: a full
     # mask's error is exactly 0
-    kept = att.audio[:, None] * masks_with_full.transpose(1, 0, 2)[:, :, None, :]
+    shape = (n_kv, n_runs + 1, group, n_audio)
+    kept = np.multiply(att.audio[:, None], masks_with_full.transpose(1, 0, 2)[:, :, None, :],
+                       out=None if work is None else work("kept", shape, np.float32))
     out_kept = np.matmul(kept.reshape(n_kv, (n_runs + 1) * group, n_audio), values[:, audio_index])
     out_all = out_text[None] + out_kept.reshape(n_kv, n_runs + 1, group, -1).transpose(1, 0, 2, 3)
     out_full = out_all[n_runs].reshape(n_q, -1)
@@ -280,3 +288,16 @@ def output_error(att: LayerAttention, values: np.ndarray, audio_index: slice | n
     out_c = out_all[:n_runs].reshape(n_runs, n_q, -1) / mass.normaliser[..., None]
     out_c = np.where(mass.whole[..., None], out_full, out_c)  # exact, as above
     return (np.linalg.norm(out_c - out_full, axis=-1) / norm_full).mean(-1)
+
+
+def _text_output(full: np.ndarray, values: np.ndarray, audio_index: slice | np.ndarray,
+                 non_audio: np.ndarray) -> np.ndarray:
+    """(H_kv, g, D) attention output over the non-audio positions, from the (H_kv, g, p + 1)
+    attention: views of the positions before and after contiguous audio (no copy of the
+    values), else the non-audio positions gathered."""
+    n = non_audio.size
+    if isinstance(audio_index, slice):
+        lo, hi = audio_index.start, min(audio_index.stop, n)
+        return (np.matmul(full[:, :, :lo], values[:, :lo])
+                + np.matmul(full[:, :, hi:], values[:, hi:n]))
+    return np.matmul(full[:, :, non_audio], values[:, :n][:, non_audio])

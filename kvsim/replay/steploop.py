@@ -143,5 +143,5 @@ class StepLoop:
         self.buffers.fill(layer, att.audio, run_masks, mass.normaliser)
         if error_sampled:
             errors = output_error(att, self.tensors.values[layer], self.tensors.audio_index,
-                                  non_audio, masks_with_full, mass)
+                                  non_audio, masks_with_full, mass, self.metrics.work)
             self.metrics.add_output_error(errors, layer)
