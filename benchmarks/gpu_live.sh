@@ -6,6 +6,7 @@
 #   1. ms/token, decode-time peak and post-prefill allocated memory (CUDA), device audio KV MB
 #      and H2D MB/step (from the tiers and as really copied) for plain generate and
 #      full vs wnw@0.2, masking emulation vs physical offload (pinned host mirror, copy stream);
+#      arkvale@0.2 on the masking path selecting on the device and on the host;
 #   2. exactness on CUDA (fp32, tiny backbone): full == plain generate; wnw / arkvale masking
 #      emulation == physical offload token for token.
 #
@@ -33,6 +34,12 @@ for s in $SECS; do
   timeout 200 python3 -m kvsim.live.bench --device "$DEVICE" --dtype "$DT" --seconds "$s" \
     --policies full,wnw --budget 0.2 --paths mask,physical --steps "$STEPS" \
     | tee -a "$OUTDIR/gpu_live.jsonl"
+  # ArkVale selecting on the device (default on CUDA) against the host (NumPy, a copy per layer)
+  for sel in device host; do
+    timeout 200 python3 -m kvsim.live.bench --device "$DEVICE" --dtype "$DT" --seconds "$s" \
+      --policies arkvale --budget 0.2 --paths mask --steps "$STEPS" --select "$sel" \
+      | sed "s/^{/{\"select\": \"$sel\", /" | tee -a "$OUTDIR/gpu_live.jsonl"
+  done
 done
 timeout 120 python3 - <<PY 2>&1 | tee "$OUTDIR/gpu_live_exactness.log"
 import numpy as np, torch

@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget", type=float, default=0.2)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--paths", default="mask,physical")
+    ap.add_argument("--select", choices=("auto", "device", "host"), default="auto",
+                    help="where query-aware policies select: LiveConfig.device_select "
+                         "(auto: on the device unless it is the CPU)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     cfg = TinyConfig(n_layers=a.layers, n_q_heads=a.q_heads, n_kv_heads=a.kv_heads,
@@ -62,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in a.policies.split(","):
         for path in a.paths.split(","):
             budget = 1.0 if name == "full" else a.budget
-            lc = LiveConfig(max_new_tokens=a.steps + 1, physical=path == "physical", head_scores=scores)
+            lc = LiveConfig(max_new_tokens=a.steps + 1, physical=path == "physical", head_scores=scores,
+                            device_select={"auto": None, "device": True, "host": False}[a.select])
             live_generate(lm, prompt, PolicySpec(name, budget), LiveConfig(max_new_tokens=3, physical=lc.physical,
                                                                            head_scores=scores))  # warm-up
             t0 = time.perf_counter()

@@ -46,6 +46,11 @@ class LiveConfig:
     record_tiers: bool = False  #: keep the tiers after prefill and after every step
     #: prompt positions whose queries the prefill view sees (AudioKV's window, WnW App. F)
     observation_window: int = OBSERVATION_WINDOW
+    #: a policy that can (ArkVale) selects on the model's device, no host read per layer
+    #: (masking path); False: ``select`` in NumPy on the host, the query copied there; None
+    #: (default): on the device when the model is not on the CPU (on the CPU there is no
+    #: host round trip to save, and NumPy selects faster than small torch operations)
+    device_select: bool | None = None
 
 
 @dataclass
@@ -163,7 +168,9 @@ def _open_session(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
                         head_scores=cfg.head_scores, seed=cfg.seed)
     session = LiveSession(spec.make(), ctx, prompt.audio_positions, prompt.n_prompt,
                           label=f"{spec.label}@{spec.budget:g}", physical=cfg.physical,
-                          check_invariants=cfg.check_invariants, window=cfg.observation_window)
+                          check_invariants=cfg.check_invariants, window=cfg.observation_window,
+                          device_select=(lm.device.type != "cpu" if cfg.device_select is None
+                                         else cfg.device_select))
     q0 = prefilled.queries[0] if prefilled is not None else None
     if q0 is not None and q0.shape[1] != len(session.window):
         raise ValueError(f"the shared prefill holds {q0.shape[1]} window queries, "

@@ -57,6 +57,19 @@ class KeepMasks:
             self._written[layer] = written
         return keep[:, :n]
 
+    def get_device(self, layer: int, read: torch.Tensor, n: int) -> torch.Tensor:
+        """:meth:`get` for a ``read`` (H_kv, T_a) bool tensor on the model's device (a
+        selection made there): its audio columns are written at every call, since finding out
+        whether they changed would read them back to the host. Never None."""
+        device = read.device
+        keep = self._masks[layer]
+        if keep is None or keep.shape[1] < n or keep.device != device:
+            keep = torch.ones((read.shape[0], n + self.SPARE), dtype=torch.bool, device=device)
+            self._masks[layer] = keep
+        self._written[layer] = None  # the host copy no longer describes the mask
+        keep[:, self._audio_index(device)] = read
+        return keep[:, :n]
+
     def _audio_index(self, device: torch.device) -> slice | torch.Tensor:
         if self._contiguous:
             return self._audio_slice

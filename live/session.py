@@ -70,11 +70,15 @@ class LiveSession:
         Physical offload (:mod:`kvsim.live.offload`) instead of masking emulation.
     window : int
         Observation window: queries of the last ``window`` prompt positions are recorded.
+    device_select : bool
+        Let a policy that can (``selects_on_device``: ArkVale) select on the model's device
+        on the masking path; False selects on the host with ``select`` (NumPy).
     """
 
     def __init__(self, policy: Policy, ctx: PolicyContext, audio_positions: np.ndarray,
                  n_prompt: int, label: str = "", physical: bool = False,
-                 check_invariants: bool = True, window: int = OBSERVATION_WINDOW) -> None:
+                 check_invariants: bool = True, window: int = OBSERVATION_WINDOW,
+                 device_select: bool = False) -> None:
         self.policy = policy
         self.ctx = ctx
         self.label = label or policy.describe()
@@ -85,6 +89,11 @@ class LiveSession:
         self.window = np.asarray(observation_window(n_prompt, window), dtype=np.int64)
         self.physical = physical
         self.check = check_invariants
+        #: selection on the model's device (masking path; the physical path moves pages by
+        #: the host's tiers at every layer, so it selects on the host)
+        self.device_select = (policy.query_aware and policy.selects_on_device and not physical
+                              and device_select)
+        self._device_reads: list[torch.Tensor | None] = [None] * ctx.heads.n_layers
         h = ctx.heads
         self.shape = (h.n_layers, h.n_kv_heads, ctx.n_audio)
         self.phase = "prefill"
@@ -123,6 +132,8 @@ class LiveSession:
 
     def _decode_attention(self, module, layer, query, key, value, attention_mask, **kwargs):
         policy = self.policy
+        if self.device_select:
+            return self._device_select_attention(module, layer, query, key, value, **kwargs)
         gpu_l = self.gpu[layer]
         read = gpu_l
         if policy.query_aware:
@@ -162,6 +173,32 @@ class LiveSession:
             self.buffer[layer] = cols.cpu().numpy()
         return out
 
+    def _device_select_attention(self, module, layer, query, key, value, **kwargs):
+        """Decode attention of a policy that selects on the model's device
+        (``selects_on_device``): its read mask never leaves the device during the step."""
+        t0 = time.perf_counter()
+        read = self.policy.select_device(layer, query[0, :, 0, :].detach(), self.audio_keys[layer])
+        self.policy_seconds += time.perf_counter() - t0
+        self._device_reads[layer] = read
+        keep = self._keep.get_device(layer, read, key.shape[2])
+        out = (masked_decode_attention(query, key, value, keep, kwargs.get("scaling", module.scaling)),
+               None)
+        if self.buffer is not None and self._buffered[layer]:
+            probs = masked_attention_probs(query, key, keep, kwargs.get("scaling", module.scaling))
+            self.buffer[layer] = probs[:, self._audio_index(probs.device)].cpu().numpy()
+        return out
+
+    def _collect_device_reads(self) -> None:
+        """After a step selected on the device: the policy's tiers and the step's reads back
+        on the host (one transfer each), the reads checked against the GPU tier."""
+        self.policy.sync_device_state()
+        self.read = torch.stack(self._device_reads).cpu().numpy()  # stack: a new tensor
+        tiers = self.policy.current_tiers()
+        if self.check and (self.read & (tiers != Tier.GPU)).any():
+            layer = int(np.flatnonzero((self.read & (tiers != Tier.GPU)).any(axis=(1, 2)))[0])
+            raise InvariantViolation(f"{self.label}: select() read audio that is not on GPU "
+                                     f"(step {self.step}, layer {layer})")
+
     def _audio_index(self, device: torch.device) -> torch.Tensor:
         if self._audio_t is None or self._audio_t.device != device:
             self._audio_t = torch.as_tensor(self.audio, device=device)
@@ -199,6 +236,8 @@ class LiveSession:
         """After all layers of decode step ``step`` (query at ``position``): let the policy
         update its tiers and log the step in the STEP_LOG_COLUMNS format."""
         policy, prev = self.policy, self.tiers
+        if self.device_select:
+            self._collect_device_reads()
         t0 = time.perf_counter()
         if policy.query_aware:
             new = policy.current_tiers()

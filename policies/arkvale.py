@@ -38,6 +38,7 @@ proportional to the target audio KV retention r_GPU, CPU mirror of all evicted p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -70,6 +71,11 @@ from kvsim.policies.base import (
     topk_mask,
 )
 from kvsim.policies.registry import register
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvsim.policies._pages_torch import DevicePages
 
 #: tier of a page by residency: index False -> CPU (the mirror), True -> GPU
 _TIER_OF_RESIDENT = np.array([Tier.CPU, Tier.GPU], dtype=np.uint8)
@@ -122,6 +128,7 @@ class ArkVale(Policy):
     recallable = True
     query_aware = True
     selects_all_layers = True
+    selects_on_device = True
 
     page_size: int = 32
     n_sink_pages: int = 1
@@ -180,6 +187,7 @@ class ArkVale(Policy):
         self._capacity = per_head * h.n_heads_total
         self._digests: dict[int, PageBoxes] = {}
         self._stacked: LayerPageBoxes | None = None  # every layer's digests, for select_layers
+        self._device: DevicePages | None = None  # what select_device keeps on a device
         return self._tiers.copy()
 
     def _page_plan(self, t_a: int) -> tuple[int, np.ndarray]:
@@ -290,16 +298,55 @@ class ArkVale(Policy):
         must, new = recall_plan(self._resident, self._forced, all_scores, self.topk,
                                 lambda: shared(view, (*geometry, "all-ascending"), ascending))
         if new is not None:
-            changed = np.flatnonzero((new != self._resident).any(axis=(1, 2)))
-            on_gpu = expand_pages(new[changed], self._n_audio, self.page_size)
-            self._tiers[changed] = _TIER_OF_RESIDENT[on_gpu.view(np.uint8)]
-            on_gpu.flags.writeable = False
-            for j, layer in enumerate(changed):
-                self._on_gpu[layer] = on_gpu[j]
-            self._resident = new
+            self._adopt_resident(new)
         if self.sparse_read:
             return expand_pages(must, self._n_audio, self.page_size)
         return self._tiers == Tier.GPU
+
+    def _adopt_resident(self, new: np.ndarray) -> None:
+        """Make ``new`` (L, H_kv, P) the resident pages: the tiers and GPU masks of the
+        layers where they changed follow."""
+        changed = np.flatnonzero((new != self._resident).any(axis=(1, 2)))
+        on_gpu = expand_pages(new[changed], self._n_audio, self.page_size)
+        self._tiers[changed] = _TIER_OF_RESIDENT[on_gpu.view(np.uint8)]
+        on_gpu.flags.writeable = False
+        for j, layer in enumerate(changed):
+            self._on_gpu[layer] = on_gpu[j]
+        self._resident = new
+
+    # ----------------------------------------------------------------------------- on device
+    def select_device(self, layer: int, query: torch.Tensor, audio_keys: np.ndarray) -> torch.Tensor:
+        """:meth:`select` on the query's device (live decoding): the page bounds, the recall
+        plan and the pages' expansion to positions run as tensor operations there
+        (:mod:`kvsim.policies._pages_torch`), with no read back to the host; the resident pages
+        of every layer stay on the device until :meth:`sync_device_state` (once per step).
+
+        Returns the (H_kv, T_a) bool positions attention reads, on the query's device.
+        """
+        from kvsim.policies import _pages_torch as pt
+
+        if self._device is None or self._device.resident.device != query.device:
+            self._device = pt.DevicePages(self._resident, self._forced, self.page_size,
+                                          query.device)
+        state = self._device
+        if layer not in state.boxes:
+            digest = self.digest(layer, audio_keys)
+            state.boxes[layer] = pt.DevicePageBoxes(digest._mid_t, digest._half_t, query.device)
+        per_q = state.boxes[layer].upper_bound(query)  # (H_kv, g, P)
+        if self.share_heads:
+            h_kv, g, n = per_q.shape
+            scores = pt.reduce_group(per_q.reshape(1, h_kv * g, n), self.group_reduce).expand(h_kv, n)
+        else:
+            scores = pt.reduce_group(per_q, self.group_reduce)
+        must, new = pt.recall_plan(state.resident[layer], state.forced, scores, self.topk)
+        state.resident[layer] = new
+        return state.positions(must if self.sparse_read else new, self._n_audio)
+
+    def sync_device_state(self) -> None:
+        """Bring the resident pages chosen on the device back to the policy's tiers (one
+        transfer of (L, H_kv, P) bools)."""
+        if self._device is not None:  # a copy: on the CPU, .numpy() would share the tensor
+            self._adopt_resident(self._device.resident.cpu().numpy().copy())
 
     @staticmethod
     def _read_only(mask: np.ndarray) -> np.ndarray:

@@ -120,6 +120,9 @@ class Policy(abc.ABC):
     saves_capacity: ClassVar[bool] = True
     #: True when ``select_layers`` is implemented (replay's fast path for ``select``).
     selects_all_layers: ClassVar[bool] = False
+    #: True when ``select_device`` and ``sync_device_state`` are implemented: live decoding
+    #: then selects on the model's device, with no host read per layer.
+    selects_on_device: ClassVar[bool] = False
 
     budget: float = 1.0
 

@@ -262,3 +262,18 @@ def test_shared_prefill_gives_the_same_run(lm, prompt, scores, physical):
         assert a.tokens == b.tokens
         assert a.step_log.equals(b.step_log)
         np.testing.assert_array_equal(a.tiers_after_prefill, b.tiers_after_prefill)
+
+
+@pytest.mark.parametrize(("budget", "params"), [
+    (0.6, {}), (0.3, {"page_size": 8}), (0.3, {"page_size": 8, "sparse_read": True})])
+def test_arkvale_selecting_on_the_device_decodes_as_on_the_host(lm, prompt, scores, budget, params):
+    """ArkVale's selection on the model's device (the default on the masking path) reads and
+    moves the pages its NumPy ``select`` does: same tokens, same step log."""
+    def run(device_select):
+        cfg = LiveConfig(max_new_tokens=N_NEW, head_scores=scores, device_select=device_select)
+        return live_generate(lm, prompt, PolicySpec("arkvale", budget, params), cfg)
+
+    on_device, on_host = run(True), run(False)
+    assert on_device.tokens == on_host.tokens
+    assert on_device.step_log.equals(on_host.step_log)
+    assert on_host.step_log["h2d_tokens"].sum() > 0  # pages were recalled: selection acted
