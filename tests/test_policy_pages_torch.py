@@ -104,3 +104,21 @@ def test_select_device_reads_and_leaves_the_tiers_select_does(params) -> None:
 def prefill_tiers(ctx, params) -> np.ndarray:
     """The tiers right after prefill (what the steps above must have changed)."""
     return make("arkvale", 0.4, **params).prefill(ctx, random_prefill(ctx, seed=3))
+
+
+def test_device_group_reduction_and_top_pages_edges_match_numpy() -> None:
+    """Every GQA reduction over the group axis, an unknown one refused by name; the top-k of
+    no page, of every page and of more pages than there are."""
+    from kvsim.policies._pages import reduce_group, top_pages
+
+    values = np.random.default_rng(4).standard_normal((3, 4, 7)).astype(np.float32)  # (H_kv, g, P)
+    for how in ("max", "mean", "sum"):
+        got = pt.reduce_group(torch.tensor(values), how).numpy()
+        np.testing.assert_allclose(got, reduce_group(values, how), rtol=4 * gamma(4), atol=1e-6)
+    with pytest.raises(ValueError, match="'max', 'mean' or 'sum', got 'median'"):
+        pt.reduce_group(torch.tensor(values), "median")
+    scores = torch.tensor(values[0])  # (4, 7)
+    for k in (0, 7, 9):
+        got = pt.top_pages(scores, k)
+        assert got.dtype == torch.bool and got.shape == scores.shape
+        assert (got.numpy() == top_pages(values[0], k)).all()
