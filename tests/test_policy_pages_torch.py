@@ -71,6 +71,11 @@ def test_device_page_bounds_equal_the_numpy_bounds_within_float32_rounding() -> 
     q64 = np.abs(query.astype(np.float64)).reshape(3, 2, 16)
     magnitude = q64 @ (np.abs(boxes._mid_t.astype(np.float64)) + np.abs(boxes._half_t))
     np.testing.assert_array_less(np.abs(host - device), 2 * gamma(32) * magnitude + 1e-30)
+    # a bfloat16 query (a CUDA model's) is bounded in float32 as its exact float32 value
+    q16 = torch.tensor(query).to(torch.bfloat16)
+    boxes_t = pt.DevicePageBoxes(boxes._mid_t, boxes._half_t, torch.device("cpu"))
+    assert boxes_t.upper_bound(q16).dtype == torch.float32
+    assert torch.equal(boxes_t.upper_bound(q16), boxes_t.upper_bound(q16.to(torch.float32)))
 
 
 @pytest.mark.parametrize("params", [{}, {"page_size": 8, "sparse_read": True},
