@@ -90,9 +90,10 @@ class LiveSession:
         self.physical = physical
         self.check = check_invariants
         #: selection on the model's device (masking path; the physical path moves pages by
-        #: the host's tiers at every layer, so it selects on the host)
-        self.device_select = (policy.query_aware and policy.selects_on_device and not physical
-                              and device_select)
+        #: the host's tiers at every layer, so it selects on the host; a policy that reads the
+        #: step attention would read it back at every layer anyway)
+        self.device_select = (device_select and policy.query_aware and policy.selects_on_device
+                              and not physical and not policy.needs_step_attention)
         self._device_reads: list[torch.Tensor | None] = [None] * ctx.heads.n_layers
         h = ctx.heads
         self.shape = (h.n_layers, h.n_kv_heads, ctx.n_audio)
@@ -132,6 +133,8 @@ class LiveSession:
 
     def _decode_attention(self, module, layer, query, key, value, attention_mask, **kwargs):
         policy = self.policy
+        if attention_mask is not None and self.step == 0 and not _all_visible(attention_mask):
+            raise RuntimeError("live decoding supports unpadded batch-1 prompts only")
         if self.device_select:
             return self._device_select_attention(module, layer, query, key, value, **kwargs)
         gpu_l = self.gpu[layer]
@@ -152,8 +155,6 @@ class LiveSession:
                         f"(step {self.step}, layer {layer})")
                 read = sel
         self.read[layer] = read
-        if attention_mask is not None and self.step == 0 and not _all_visible(attention_mask):
-            raise RuntimeError("live decoding supports unpadded batch-1 prompts only")
         scaling = kwargs.get("scaling", module.scaling)
         if self.physical:
             off = self.cache.layers[layer]
@@ -181,12 +182,8 @@ class LiveSession:
         self.policy_seconds += time.perf_counter() - t0
         self._device_reads[layer] = read
         keep = self._keep.get_device(layer, read, key.shape[2])
-        out = (masked_decode_attention(query, key, value, keep, kwargs.get("scaling", module.scaling)),
-               None)
-        if self.buffer is not None and self._buffered[layer]:
-            probs = masked_attention_probs(query, key, keep, kwargs.get("scaling", module.scaling))
-            self.buffer[layer] = probs[:, self._audio_index(probs.device)].cpu().numpy()
-        return out
+        return (masked_decode_attention(query, key, value, keep, kwargs.get("scaling", module.scaling)),
+                None)
 
     def _collect_device_reads(self) -> None:
         """After a step selected on the device: the policy's tiers and the step's reads back

@@ -329,8 +329,8 @@ class ArkVale(Policy):
             self._device = pt.DevicePages(self._resident, self._forced, self.page_size,
                                           query.device)
         state = self._device
-        if layer not in state.boxes:
-            digest = self.digest(layer, audio_keys)
+        if layer not in state.boxes:  # computed on the host once, kept on the device only
+            digest = self._boxes(layer, audio_keys)
             state.boxes[layer] = pt.DevicePageBoxes(digest._mid_t, digest._half_t, query.device)
         per_q = state.boxes[layer].upper_bound(query)  # (H_kv, g, P)
         if self.share_heads:
