@@ -24,7 +24,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 BUDGETS = (0.2, 0.4, 0.6, 0.8)
 
-CHILD = """
+CHILD = f"""
+BUDGETS = {BUDGETS!r}
 import json, resource, sys, time, warnings
 warnings.simplefilter("ignore")
 from kvsim.policies import registry
@@ -33,12 +34,12 @@ from kvsim.trace import Trace
 
 path, n_runs = sys.argv[1], int(sys.argv[2])
 names = ["snapkv"] + [n for n in registry.available() if not n.startswith("_") and n != "snapkv"]
-specs = [PolicySpec(n, b) for n in names for b in (0.2, 0.4, 0.6, 0.8)]
+specs = [PolicySpec(n, b) for n in names for b in BUDGETS]
 specs = [PolicySpec("snapkv", 0.2)] if n_runs == 1 else specs[:n_runs]
 t0, c0 = time.perf_counter(), time.process_time()
 replay_trace(Trace(path), specs)
-print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0,
-                  "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
+print(json.dumps({{"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0,
+                  "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}}))
 """
 
 

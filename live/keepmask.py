@@ -46,10 +46,7 @@ class KeepMasks:
         """
         if read.all():
             return None
-        keep = self._masks[layer]
-        if keep is None or keep.shape[1] < n or keep.device != device:
-            keep = torch.ones((read.shape[0], n + self.SPARE), dtype=torch.bool, device=device)
-            self._masks[layer], self._written[layer] = keep, None
+        keep = self._mask(layer, read.shape[0], n, device)
         written = self._written[layer]
         if written is None or not np.array_equal(written, read):
             written = np.array(read, dtype=bool)  # a copy: ``read`` may change in place later
@@ -61,14 +58,19 @@ class KeepMasks:
         """:meth:`get` for a ``read`` (H_kv, T_a) bool tensor on the model's device (a
         selection made there): its audio columns are written at every call, since finding out
         whether they changed would read them back to the host. Never None."""
-        device = read.device
+        keep = self._mask(layer, read.shape[0], n, read.device)
+        self._written[layer] = None  # the host copy no longer describes the mask
+        keep[:, self._audio_index(read.device)] = read
+        return keep[:, :n]
+
+    def _mask(self, layer: int, n_kv: int, n: int, device: torch.device) -> torch.Tensor:
+        """The layer's mask, (re)allocated all True with room to grow when it is missing,
+        too short or on another device (nothing written in it then)."""
         keep = self._masks[layer]
         if keep is None or keep.shape[1] < n or keep.device != device:
-            keep = torch.ones((read.shape[0], n + self.SPARE), dtype=torch.bool, device=device)
-            self._masks[layer] = keep
-        self._written[layer] = None  # the host copy no longer describes the mask
-        keep[:, self._audio_index(device)] = read
-        return keep[:, :n]
+            keep = torch.ones((n_kv, n + self.SPARE), dtype=torch.bool, device=device)
+            self._masks[layer], self._written[layer] = keep, None
+        return keep
 
     def _audio_index(self, device: torch.device) -> slice | torch.Tensor:
         if self._contiguous:

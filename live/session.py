@@ -190,9 +190,11 @@ class LiveSession:
         on the host (one transfer each), the reads checked against the GPU tier."""
         self.policy.sync_device_state()
         self.read = torch.stack(self._device_reads).cpu().numpy()  # stack: a new tensor
-        tiers = self.policy.current_tiers()
-        if self.check and (self.read & (tiers != Tier.GPU)).any():
-            layer = int(np.flatnonzero((self.read & (tiers != Tier.GPU)).any(axis=(1, 2)))[0])
+        if not self.check:
+            return
+        off_gpu = (self.read & (self.policy.current_tiers() != Tier.GPU)).any(axis=(1, 2))
+        if off_gpu.any():
+            layer = int(np.flatnonzero(off_gpu)[0])
             raise InvariantViolation(f"{self.label}: select() read audio that is not on GPU "
                                      f"(step {self.step}, layer {layer})")
 

@@ -130,7 +130,7 @@ class MetricAccumulator:
         static, steps = self.static, slice(first_step, first_step + n_valid)
         resident_q = resident[static][:, self.kv_of_q]  # (S, H_q)
         kept, full = per_step[0, :, :-1], per_step[0, :, -1]  # (B, S, H_q), (B, H_q)
-        recall, kept = self._recall(kept, full[:, None], resident_q)
+        recall, kept = self._recall(kept, full[:, None], resident_q == n_audio)
         self.recall_sum[static, layer] += np.add.reduce(recall, axis=0)
         self.step_recall[static, steps] += row_mean(recall).T
         hits = (per_step[1, :, :-1] if top is not None
@@ -155,6 +155,7 @@ class MetricAccumulator:
         """
         first, top = self._top[layer]
         resident_q = resident[:, self.kv_of_q]  # (R, H_q)
+        whole = resident_q == self.n_audio
         kept_mass = np.empty(resident_q.shape, dtype=np.float32)
         full_mass = np.empty(resident_q.shape, dtype=np.float32)
         if self.n_static:
@@ -172,13 +173,13 @@ class MetricAccumulator:
                              cols.transpose(1, 2, 0))  # (H_kv, parts·g, D + 1)
             per_q = prod.reshape(n_kv, parts, self.group, -1).transpose(1, 3, 0, 2).reshape(
                 parts, prod.shape[-1], -1)  # (parts, D + 1, H_q)
-            recall, kept = self._recall(per_q[0, :-1], per_q[0, -1], resident_q[dynamic])
+            read_q = resident_q[dynamic]
+            recall, kept = self._recall(per_q[0, :-1], per_q[0, -1], whole[dynamic])
             self.recall_sum[dynamic, layer] += recall
             self.step_recall[dynamic, step] += row_mean(recall)
-            hits = per_q[1, :-1] if top is not None else resident_q[dynamic]
-            self.step_jaccard[dynamic, step] += self._jaccard(hits, resident_q[dynamic])
+            hits = per_q[1, :-1] if top is not None else read_q
+            self.step_jaccard[dynamic, step] += self._jaccard(hits, read_q)
             kept_mass[dynamic], full_mass[dynamic] = kept, per_q[0, -1]
-        whole = resident_q == self.n_audio
         normaliser = np.where(whole, np.float32(1.0), 1.0 - full_mass + kept_mass)
         return LayerMass(whole, normaliser)
 
@@ -190,12 +191,13 @@ class MetricAccumulator:
             out = self._work[key] = np.empty(shape, dtype=dtype)
         return out
 
-    def _recall(self, mass: np.ndarray, full_mass: np.ndarray,
-                resident_q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    @staticmethod
+    def _recall(mass: np.ndarray, full_mass: np.ndarray,
+                whole: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Attention recall from the runs' masses ``mass`` (..., n, H_q) and the full mass
         (broadcast), and the kept mass: a run that reads every position of a q-head's
-        KV-head keeps the full mass by construction (recall exactly 1)."""
-        kept = np.where(resident_q == self.n_audio, full_mass, mass)
+        KV-head (``whole``) keeps the full mass by construction (recall exactly 1)."""
+        kept = np.where(whole, full_mass, mass)
         full = np.broadcast_to(full_mass, kept.shape)
         recall = np.divide(kept, full, out=np.ones_like(kept), where=full > 0)
         return recall, kept

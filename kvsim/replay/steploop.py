@@ -74,7 +74,8 @@ class StepLoop:
         n_audio = settings.n_audio
         # the runs with fixed reads first: the others' masks and the all-ones slot are then one
         # contiguous block of the shared mask array, read at every step
-        self.order = sorted(range(len(runs)), key=lambda r: not is_static(runs[r]))
+        static = [is_static(run) for run in runs]
+        self.order = sorted(range(len(runs)), key=lambda r: not static[r])
         runs = [runs[r] for r in self.order]
         self.tensors, self.runs, self.heads, self.settings = tensors, runs, heads, settings
         # a query-aware run's slot of a layer holds, during the step, what its selection read
@@ -83,7 +84,7 @@ class StepLoop:
         self.selection = QueryAwareSelection(runs, tensors.audio_keys())
         self.buffers = StepAttentionBuffers(runs, heads, n_audio)
         self.metrics = MetricAccumulator(len(runs), heads, n_audio, settings.n_steps,
-                                         settings.topk, n_static=sum(map(is_static, runs)))
+                                         settings.topk, n_static=sum(static))
         self.metrics.set_static_masks(self.masks_with_full)
         self.reads = np.zeros((settings.n_steps, len(runs)), dtype=np.int64)  # audio read
         self.stepping = [run for run in runs if changes_tiers(run)]

@@ -85,15 +85,13 @@ class TraceTensors:
         return [k[:, self.audio_index] for k in self.keys]
 
     def step_queries(self, position: int) -> list[np.ndarray]:
-        """(H_q, D) float32 query of the token at ``position``, for every layer.
+        """(H_q, D) float32 query of the decode step at ``position`` (≥ ``n_prefill``), for
+        every layer.
 
-        A decode step's query comes from the block of decode queries it belongs to
-        (:meth:`_decode_queries`), read and converted once for the step queries and the
-        attention blocks alike (the same float32 values as one row at a time).
+        It comes from the block of decode queries it belongs to (:meth:`_decode_queries`),
+        read and converted once for the step queries and the attention blocks alike (the
+        same float32 values as one row at a time).
         """
-        if position < self.trace.meta.n_prefill:
-            row = self.trace.query_index(position)
-            return [as_f32(self.trace.queries(layer)[:, row]) for layer in range(len(self.keys))]
         first, block = self._decode_queries(position)
         return list(block[:, :, position - first])
 
