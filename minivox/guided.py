@@ -89,12 +89,15 @@ def part_word_times(row: dict, part_tokens: Sequence[int]) -> tuple[np.ndarray, 
     return np.concatenate(starts), np.concatenate(ends), words
 
 
-def target_spans(tokenizer, row: dict, part_tokens: Sequence[int], margin_s: float) -> np.ndarray:
+def target_spans(tokenizer, row: dict, part_tokens: Sequence[int], margin_s: float,
+                 guide_end: bool = False) -> np.ndarray:
     """``(n_tokens, 2)`` audio-token interval ``[lo, hi)`` of each transcript BPE token.
 
-    ``tokenizer(row["text"])`` must give the same tokens the trainer scores (the end token
-    after them is not guided). The interval is the token's word, widened by ``margin_s``
-    seconds on each side.
+    ``tokenizer(row["text"])`` must give the same tokens the trainer scores. The interval is
+    the token's word, widened by ``margin_s`` seconds on each side. With ``guide_end`` one more
+    row guides the query that predicts the end token: from the last word's end (less the
+    margin) to the end of the speech (:func:`speech_end`), the tail of the audio a reader has
+    reached when the transcript is complete.
     """
     enc = tokenizer(row["text"], add_special_tokens=False, return_offsets_mapping=True)
     start, end, words = part_word_times(row, part_tokens)
@@ -102,7 +105,17 @@ def target_spans(tokenizer, row: dict, part_tokens: Sequence[int], margin_s: flo
     m = margin_s * TOKENS_PER_SECOND
     lo = np.floor(start[tw] - m).clip(min=0)
     hi = np.ceil(end[tw] + m)
+    if guide_end:
+        lo = np.append(lo, max(np.floor(end[-1] - m), 0))
+        hi = np.append(hi, np.ceil(speech_end(row, part_tokens)))
     return np.stack([lo, np.maximum(hi, lo + 1)], axis=1).astype(np.int64)
+
+
+def speech_end(row: dict, part_tokens: Sequence[int]) -> float:
+    """Where the example's audio ends, in audio tokens: the last part's duration after the
+    windows of the parts before it (the zero padding of the last window excluded)."""
+    parts = row.get("parts", [row])
+    return float(sum(part_tokens[:-1]) + parts[-1]["duration"] * TOKENS_PER_SECOND)
 
 
 @dataclass

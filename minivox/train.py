@@ -23,6 +23,7 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -77,6 +78,11 @@ class TrainConfig:
     align_log: bool = False  # log the guided loss without training on it (a control run)
     align_layers: str = "20,21,22,23"
     align_margin: float = 0.4
+    # also guide the query that predicts the end token onto the end of the speech
+    align_end: bool = False
+    # a manifest split of continuous long-form clips (e.g. ``train_longform``): when set, a
+    # long-form step (``p_concat``) takes one of its clips instead of joining train_long clips
+    longform_split: str = ""
 
 
 def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
@@ -113,19 +119,25 @@ def example_encoding(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
 
 
 def batch_rows(step: int, cfg: TrainConfig, train_rows: list[dict],
-               long_rows: list[dict]) -> list[dict]:
+               long_rows: list[dict], longform_rows: Sequence[dict] = ()) -> list[dict]:
     """The manifest rows of training step ``step``, a deterministic function of the seed.
 
     With probability ``p_long`` a batch of ``batch // 2`` 30-60 s clips; with probability
-    ``p_concat`` one long-form example of 2..``concat_max`` such clips joined end to end
+    ``p_concat`` one long-form example: with ``longform_rows`` one of them (in the order of a
+    permutation drawn per pass over them, indexed by step, so no clip repeats within
+    ``len(longform_rows)`` steps), otherwise 2..``concat_max`` 30-60 s clips joined end to end
     (:func:`joined_row`); otherwise ``batch`` short clips in the order of a permutation of the
     train split drawn per epoch from ``(seed, epoch)``.
     """
     rng = np.random.default_rng([cfg.seed, step, 7])
-    u = rng.random() if long_rows else 1.0
+    u = rng.random() if long_rows or longform_rows else 1.0
     if u < cfg.p_long:  # a multi-window (30-60 s) batch
         idx = rng.choice(len(long_rows), size=max(1, cfg.batch // 2), replace=False)
         return [long_rows[i] for i in idx]
+    if u < cfg.p_long + cfg.p_concat and longform_rows:  # one continuous 1-4 min clip
+        n = len(longform_rows)
+        perm = np.random.default_rng([cfg.seed, step // n, 11]).permutation(n)
+        return [longform_rows[perm[step % n]]]
     if u < cfg.p_long + cfg.p_concat:  # one long-form (60-240 s) example
         k = int(rng.integers(2, cfg.concat_max + 1))
         idx = rng.choice(len(long_rows), size=k, replace=False)
@@ -150,9 +162,9 @@ class Batch:
 
 
 def make_batch(model, proc, rows: list[dict], cache_dir: Path,
-               align_margin: float | None = None) -> Batch:
+               align_margin: float | None = None, align_end: bool = False) -> Batch:
     """The decoder inputs of ``rows``; with ``align_margin`` (seconds) also the targets of the
-    alignment-guided loss (:mod:`kvsim.minivox.guided`)."""
+    alignment-guided loss (:mod:`kvsim.minivox.guided`), the end token's with ``align_end``."""
     tok = proc.tokenizer
     end_id = tok.convert_tokens_to_ids("<|im_end|>")
     seqs, audio_feats, part_tokens = [], [], []
@@ -181,15 +193,17 @@ def make_batch(model, proc, rows: list[dict], cache_dir: Path,
     guides = None
     if align_margin is not None:
         guides = [_guide(tok, r, n, ids[i] == model.config.audio_token_id, len(seqs[i][0]),
-                         align_margin) for i, (r, n) in enumerate(zip(rows, part_tokens, strict=True))]
+                         align_margin, align_end)
+                  for i, (r, n) in enumerate(zip(rows, part_tokens, strict=True))]
     return Batch(embeds, mask, labels, guides)
 
 
 def _guide(tok, row: dict, part_tokens: list[int], is_audio: torch.Tensor, prompt_len: int,
-           margin: float) -> GuideTargets:
+           margin: float, guide_end: bool = False) -> GuideTargets:
     """The guided-loss targets of one batch row: the query predicting transcript token j sits
-    at ``prompt_len - 1 + j`` (the end token is not guided)."""
-    spans = torch.from_numpy(target_spans(tok, row, part_tokens, margin))
+    at ``prompt_len - 1 + j``, the one predicting the end token (guided with ``guide_end``)
+    right after the last."""
+    spans = torch.from_numpy(target_spans(tok, row, part_tokens, margin, guide_end))
     audio_positions = torch.nonzero(is_audio).flatten()
     spans = spans.clamp(max=len(audio_positions))
     return GuideTargets(prompt_len - 1 + torch.arange(len(spans)), audio_positions, spans)
@@ -409,7 +423,7 @@ def train_step(model, proc, rows: list[dict], cache_dir: Path, cfg: TrainConfig,
     t_step = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
         batch = make_batch(model, proc, rows, cache_dir,
-                           cfg.align_margin if probe is not None else None)
+                           cfg.align_margin if probe is not None else None, cfg.align_end)
         t_fwd = time.perf_counter()
         loss, guided = loss_fn(model, batch, probe, cfg.align_weight)
     opt.zero_grad(set_to_none=True)
@@ -462,8 +476,10 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
                                  init_projector, init_adapter, lead)
     dev_rows = read_manifest(data, "dev").to_dicts()[: cfg.eval_clips]
     cache_dir = data / "enc_cache"
-    long_rows = (read_manifest(data, "train_long").to_dicts()
-                 if cfg.p_long + cfg.p_concat > 0 else [])
+    joins = cfg.p_concat > 0 and not cfg.longform_split
+    long_rows = read_manifest(data, "train_long").to_dicts() if cfg.p_long > 0 or joins else []
+    longform_rows = (read_manifest(data, cfg.longform_split).to_dicts()
+                     if cfg.longform_split and cfg.p_concat > 0 else [])
     probe = (AttentionProbe(model.model.language_model,
                             [int(x) for x in cfg.align_layers.split(",")])
              if cfg.align_weight > 0 or cfg.align_log else None)
@@ -474,7 +490,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     ema = None
     end = min(cfg.stop_step or cfg.steps, cfg.steps)
     while step < end:
-        rows = batch_rows(step * world + rank, cfg, train_rows, long_rows)
+        rows = batch_rows(step * world + rank, cfg, train_rows, long_rows, longform_rows)
         res = train_step(model, proc, rows, cache_dir, cfg, opt, sched, proj + lora, probe,
                          world, t0)
         step += 1

@@ -13,6 +13,7 @@ from kvsim.minivox.guided import (
     guided_loss,
     part_word_times,
     span_loss,
+    speech_end,
     target_spans,
     token_words,
     word_char_spans,
@@ -80,6 +81,22 @@ def test_target_spans_cover_each_tokens_word_with_the_margin() -> None:
         assert lo == max(0, int(np.floor(s - margin * 12.5)))
         assert hi == int(np.ceil(e + margin * 12.5))
         assert lo <= s and e <= hi
+
+
+def test_end_span_runs_from_the_last_word_to_the_end_of_the_speech() -> None:
+    tok = _bpe_tokenizer()
+    row = {"text": "The cat sat", "words": ["The", "cat", "sat"], "duration": 5.0,
+           "word_start": [0.1, 0.5, 1.9], "word_end": [0.4, 1.8, 2.9]}
+    words_only = target_spans(tok, row, [375], 0.4)
+    spans = target_spans(tok, row, [375], 0.4, guide_end=True)
+    np.testing.assert_array_equal(spans[:-1], words_only)  # one more row, the others unchanged
+    assert spans[-1].tolist() == [int(np.floor(2.9 * 12.5 - 5)), int(np.ceil(5.0 * 12.5))]
+    # a joined example: the end of the last part's speech after the earlier parts' windows
+    first = {"words": ["a"], "word_start": [0.2], "word_end": [0.6], "duration": 1.0}
+    assert speech_end({"parts": [first, row]}, [375, 375]) == 375 + 5.0 * 12.5
+    joined = {"text": "a The cat sat", "parts": [first, row]}
+    end = target_spans(tok, joined, [375, 375], 0.0, guide_end=True)[-1]
+    assert end.tolist() == [int(np.floor(375 + 2.9 * 12.5)), int(np.ceil(375 + 5.0 * 12.5))]
 
 
 def _tiny_llama(dtype=torch.float64):

@@ -36,6 +36,22 @@ def test_concatenated_long_form_examples() -> None:
     assert set(sizes) == {2, 3, 4}
 
 
+FORM = [{"id": f"train_longform-{i:05d}", "text": f"form {i}"} for i in range(7)]
+
+
+def test_longform_steps_take_whole_clips_without_repeats_within_a_pass() -> None:
+    cfg = TrainConfig(batch=4, p_long=0.0, p_concat=1.0, longform_split="train_longform", seed=3)
+    ids = [r["id"] for s in range(21) for r in batch_rows(s, cfg, TRAIN, [], FORM)]
+    assert len(ids) == 21  # one clip per step, never joined
+    for k in range(3):  # each pass of 7 steps is a permutation, a different one per pass
+        assert sorted(ids[7 * k: 7 * k + 7]) == sorted(r["id"] for r in FORM)
+    assert ids[:7] != ids[7:14]
+    # a mixture: the other steps are the short batches
+    mix = TrainConfig(batch=4, p_long=0.0, p_concat=0.5, longform_split="train_longform")
+    kinds = Counter(len(batch_rows(s, mix, TRAIN, [], FORM)) for s in range(1000))
+    assert set(kinds) == {1, 4} and np.isclose(kinds[1] / 1000, 0.5, atol=0.05)
+
+
 def test_mixture_shares_follow_the_config() -> None:
     cfg = TrainConfig(batch=4, p_long=0.25, p_concat=0.15)
     kinds = Counter()
