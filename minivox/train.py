@@ -134,11 +134,11 @@ def batch_rows(step: int, cfg: TrainConfig, train_rows: list[dict],
     if u < cfg.p_long:  # a multi-window (30-60 s) batch
         idx = rng.choice(len(long_rows), size=max(1, cfg.batch // 2), replace=False)
         return [long_rows[i] for i in idx]
-    if u < cfg.p_long + cfg.p_concat and longform_rows:  # one continuous 1-4 min clip
-        n = len(longform_rows)
-        perm = np.random.default_rng([cfg.seed, step // n, 11]).permutation(n)
-        return [longform_rows[perm[step % n]]]
     if u < cfg.p_long + cfg.p_concat:  # one long-form (60-240 s) example
+        if longform_rows:  # one continuous clip
+            n = len(longform_rows)
+            perm = np.random.default_rng([cfg.seed, step // n, 11]).permutation(n)
+            return [longform_rows[perm[step % n]]]
         k = int(rng.integers(2, cfg.concat_max + 1))
         idx = rng.choice(len(long_rows), size=k, replace=False)
         return [joined_row([long_rows[i] for i in idx])]
