@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from kvsim.wer import corpus_wer
 
+from .augment import parse_factors, perturb_rows, resample_speed
 from .build import REPO_WEIGHTS, build_base, read_adapter, save_adapter, split_adapter
 from .data import parse_shard, read_manifest
 from .guided import AttentionProbe, GuideTargets, guided_loss, target_spans
@@ -83,21 +84,28 @@ class TrainConfig:
     # a manifest split of continuous long-form clips (e.g. ``train_longform``): when set, a
     # long-form step (``p_concat``) takes one of its clips instead of joining train_long clips
     longform_split: str = ""
+    # speed perturbation (kvsim.minivox.augment): comma-separated factors, one drawn per clip
+    # and step (Kaldi's "0.9,1.0,1.1"); empty: every clip at its recorded speed
+    speed_perturb: str = ""
 
 
 def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
-    """Frozen encoder output ``(n_chunks*1500, 384)`` for a manifest row (fp16 on disk)."""
-    f = cache_dir / f"{row['id']}.npy"
+    """Frozen encoder output ``(n_chunks*1500, 384)`` for a manifest row (fp16 on disk); a
+    speed-perturbed row (:func:`kvsim.minivox.augment.speed_row`) is resampled first and
+    cached under its own name."""
+    speed = row.get("speed", 1.0)
+    f = cache_dir / (f"{row['id']}.npy" if speed == 1.0 else f"{row['id']}@x{speed:g}.npy")
     if f.is_file():
         return torch.from_numpy(np.load(f).astype(np.float32))
     audio, sr = sf.read(row["abs_path"], dtype="float32")
     if sr != 16000:
         raise ValueError(f"{row['abs_path']}: sample rate {sr}, expected 16000")
+    audio = resample_speed(audio, speed)
     with torch.no_grad(), torch.autocast("cpu", enabled=False):
         h = model.model.audio_tower(proc.features(audio)).last_hidden_state.float()
     h = h.reshape(-1, h.shape[-1])
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cache_dir / f"{row['id']}.{os.getpid()}.tmp.npy"
+    tmp = cache_dir / f"{f.stem}.{os.getpid()}.tmp.npy"
     np.save(tmp, h.numpy().astype(np.float16))
     tmp.rename(f)
     return h.to(torch.float16).to(torch.float32)
@@ -483,6 +491,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     probe = (AttentionProbe(model.model.language_model,
                             [int(x) for x in cfg.align_layers.split(",")])
              if cfg.align_weight > 0 or cfg.align_log else None)
+    speeds = parse_factors(cfg.speed_perturb)
     log = (run / "log.jsonl").open("a") if lead else None
     t0 = time.time()
     model.train()
@@ -490,7 +499,9 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     ema = None
     end = min(cfg.stop_step or cfg.steps, cfg.steps)
     while step < end:
-        rows = batch_rows(step * world + rank, cfg, train_rows, long_rows, longform_rows)
+        sub_batch = step * world + rank
+        rows = perturb_rows(batch_rows(sub_batch, cfg, train_rows, long_rows, longform_rows),
+                            speeds, cfg.seed, sub_batch)
         res = train_step(model, proc, rows, cache_dir, cfg, opt, sched, proj + lora, probe,
                          world, t0)
         step += 1
