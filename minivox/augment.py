@@ -25,7 +25,10 @@ def parse_factors(spec: str) -> tuple[float, ...]:
     """``"0.9,1.0,1.1"`` -> ``(0.9, 1.0, 1.1)``; ``""`` -> ``()`` (no perturbation)."""
     if not spec.strip():
         return ()
-    factors = tuple(float(x) for x in spec.split(","))
+    try:
+        factors = tuple(float(x) for x in spec.split(","))
+    except ValueError:
+        raise ValueError(f"speed factors: expected numbers separated by commas, got {spec!r}") from None
     bad = [f for f in factors if not 0.5 <= f <= 2.0]
     if bad:
         raise ValueError(f"speed factors must lie in [0.5, 2]: got {bad}")

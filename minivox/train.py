@@ -465,6 +465,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     process (sub-batch ``step * W + rank`` of the single-process schedule), with averaged
     gradients.
     """
+    speeds = parse_factors(cfg.speed_perturb)  # a bad spec fails before the model loads
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     world, rank = data_parallel()
@@ -491,7 +492,6 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     probe = (AttentionProbe(model.model.language_model,
                             [int(x) for x in cfg.align_layers.split(",")])
              if cfg.align_weight > 0 or cfg.align_log else None)
-    speeds = parse_factors(cfg.speed_perturb)
     log = (run / "log.jsonl").open("a") if lead else None
     t0 = time.time()
     model.train()

@@ -57,6 +57,8 @@ def test_parse_factors() -> None:
     assert parse_factors("0.9,1.0,1.1") == (0.9, 1.0, 1.1)
     with pytest.raises(ValueError, match=r"\[0.5, 2\]"):
         parse_factors("0.9,3")
+    with pytest.raises(ValueError, match="numbers separated by commas"):
+        parse_factors("0.9;1.1")
 
 
 ROW = {"id": "c-00001", "text": "a b c", "words": ["a", "b", "c"], "duration": 3.3,
