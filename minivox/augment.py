@@ -51,10 +51,10 @@ def resample_speed(audio: np.ndarray, factor: float) -> np.ndarray:
 
 
 def speed_row(row: dict, factor: float) -> dict:
-    """A copy of a manifest row (or of a joined row, part by part) as heard at ``factor``:
-    word times and duration divided by it, ``"speed"`` set."""
+    """A copy of a manifest row (or of a joined row, part by part: the encoder reads the parts)
+    as heard at ``factor``: word times and duration divided by it, ``"speed"`` set."""
     if "parts" in row:
-        return {**row, "parts": [speed_row(p, factor) for p in row["parts"]], "speed": factor}
+        return {**row, "parts": [speed_row(p, factor) for p in row["parts"]]}
     scale = 1.0 / factor
     return {**row, "speed": factor, "duration": row["duration"] * scale,
             "word_start": [t * scale for t in row["word_start"]],
