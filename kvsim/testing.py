@@ -20,7 +20,7 @@ from unittest import mock
 import numpy as np
 
 from kvsim.core.invariants import InvariantViolation
-from kvsim.policies import Policy, Tier, registry
+from kvsim.policies import TIER_CPU, TIER_GONE, TIER_GPU, Policy, registry
 from kvsim.policies.spec import PolicySpec
 from kvsim.replay.engine import ReplayConfig, RunResult, replay_trace
 from kvsim.synth import SynthConfig, synthesize
@@ -74,21 +74,21 @@ def _page_counts(mask: np.ndarray, page_size: int) -> np.ndarray:
 def _check_step(label: str, pol: Policy, run: RunResult, s: int) -> None:
     """Step ``s - 1``'s transition (tiers ``s - 1`` -> ``s``) against the rules and the log."""
     prev, cur = run.tiers[s - 1], run.tiers[s]
-    gpu = cur == Tier.GPU
-    _require(not ((prev == Tier.GONE) & (cur != Tier.GONE)).any(), f"{label}: GONE came back")
-    came_up = (prev != Tier.GPU) & gpu
-    _require(bool((prev[came_up] == Tier.CPU).all()),
+    gpu = cur == TIER_GPU
+    _require(not ((prev == TIER_GONE) & (cur != TIER_GONE)).any(), f"{label}: GONE came back")
+    came_up = (prev != TIER_GPU) & gpu
+    _require(bool((prev[came_up] == TIER_CPU).all()),
              f"{label}: a position became GPU from GONE at step {s - 1}")
     _require(pol.recallable or not came_up.any(),
              f"{label}: not recallable but recalled at step {s - 1}")
     log = run.step_log
     _require(log["gpu_audio_tokens"][s - 1] == gpu.sum()
-             and log["cpu_audio_tokens"][s - 1] == (cur == Tier.CPU).sum()
-             and log["h2d_tokens"][s - 1] == ((prev == Tier.CPU) & gpu).sum(),
+             and log["cpu_audio_tokens"][s - 1] == (cur == TIER_CPU).sum()
+             and log["h2d_tokens"][s - 1] == ((prev == TIER_CPU) & gpu).sum(),
              f"{label}: the step log disagrees with the recorded tiers at step {s - 1}")
     # attention reads GPU positions only: before the step's update for decode_step policies,
     # after the per-layer select (which may recall) for query-aware ones
-    readable = int(((cur if pol.query_aware else prev) == Tier.GPU).sum())
+    readable = int(((cur if pol.query_aware else prev) == TIER_GPU).sum())
     read = int(log["read_audio_tokens"][s - 1])
     _require(read <= readable, f"{label}: read more than GPU at step {s - 1}")
     _require(pol.query_aware or read == readable,
@@ -104,7 +104,7 @@ def _check_pages(label: str, pol: Policy, run: RunResult) -> None:
     n_layers, h_kv, t_a = run.tiers[0].shape
     if pol.saves_capacity:
         for cur in run.tiers:
-            n = _page_counts(cur == Tier.GPU, page_size)
+            n = _page_counts(cur == TIER_GPU, page_size)
             _require(bool((n <= page_budget).all()),
                      f"{label}: {n.max()} pages > budget {page_budget}")
     else:  # everything resident: the page budget bounds what attention reads
@@ -130,9 +130,9 @@ def check_run(run: RunResult, pol: Policy) -> None:
     cap = pol.gpu_capacity()
     _require(cap is None or 0 <= cap <= total, f"{label}: capacity {cap} outside [0, {total}]")
     for s, cur in enumerate(tiers):
-        _require(cur.dtype == np.uint8 and cur.shape == shape and cur.max(initial=0) <= Tier.GPU,
+        _require(cur.dtype == np.uint8 and cur.shape == shape and cur.max(initial=0) <= TIER_GPU,
                  f"{label}: bad tier array at step {s - 1}")
-        n_gpu = int((cur == Tier.GPU).sum())
+        n_gpu = int((cur == TIER_GPU).sum())
         _require(cap is None or n_gpu <= cap, f"{label}: {n_gpu} GPU tokens > capacity {cap}")
         if s:
             _check_step(label, pol, run, s)

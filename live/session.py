@@ -40,7 +40,15 @@ from kvsim.live.attention import (
     stock_attention,
 )
 from kvsim.live.keepmask import KeepMasks
-from kvsim.policies.base import ArrayQueryView, BufferStepView, Policy, PolicyContext, Tier
+from kvsim.policies.base import (
+    TIER_CPU,
+    TIER_GONE,
+    TIER_GPU,
+    ArrayQueryView,
+    BufferStepView,
+    Policy,
+    PolicyContext,
+)
 from kvsim.trace.schema import OBSERVATION_WINDOW, observation_window
 
 
@@ -146,7 +154,7 @@ class LiveSession:
             self.policy_seconds += time.perf_counter() - t0
             cur = policy.current_tiers()
             if cur is not None:
-                gpu_l = cur[layer] == Tier.GPU
+                gpu_l = cur[layer] == TIER_GPU
                 self.gpu[layer] = gpu_l
             if sel is not None:
                 if self.check and (sel & ~gpu_l).any():
@@ -192,7 +200,7 @@ class LiveSession:
         self.read = torch.stack(self._device_reads).cpu().numpy()  # stack: a new tensor
         if not self.check:
             return
-        off_gpu = (self.read & (self.policy.current_tiers() != Tier.GPU)).any(axis=(1, 2))
+        off_gpu = (self.read & (self.policy.current_tiers() != TIER_GPU)).any(axis=(1, 2))
         if off_gpu.any():
             layer = int(np.flatnonzero(off_gpu)[0])
             raise InvariantViolation(f"{self.label}: select() read audio that is not on GPU "
@@ -216,7 +224,7 @@ class LiveSession:
         self.policy_seconds += time.perf_counter() - t0
         check_tiers(self.label, tiers, self.shape)
         self.tiers = tiers.copy()
-        self.gpu = tiers == Tier.GPU
+        self.gpu = tiers == TIER_GPU
         self._check_capacity(-1)
         layers = self.policy.step_attention_layers()
         if self.buffer is not None and layers is not None:
@@ -251,21 +259,21 @@ class LiveSession:
             released = 0
         else:
             check_tiers(self.label, new, prev.shape)
-            if self.check and ((prev == Tier.GONE) & (new != Tier.GONE)).any():
+            if self.check and ((prev == TIER_GONE) & (new != TIER_GONE)).any():
                 raise InvariantViolation(
                     f"{self.label}: a GONE position came back at step {step} (GONE is absorbing)")
-            recalled = (prev == Tier.CPU) & (new == Tier.GPU)
+            recalled = (prev == TIER_CPU) & (new == TIER_GPU)
             h2d_layer = recalled.sum(axis=(1, 2)).tolist()
             runs_layer = _runs_per_layer(recalled).tolist()
-            released = int(((prev == Tier.GPU) & (new != Tier.GPU)).sum())
+            released = int(((prev == TIER_GPU) & (new != TIER_GPU)).sum())
             self.tiers = new.copy()
-            self.gpu = new == Tier.GPU
+            self.gpu = new == TIER_GPU
             self._check_capacity(step)
         h2d = int(sum(h2d_layer))
         heads = self.ctx.heads
         row.update(
             gpu_audio_tokens=int(self.gpu.sum()),
-            cpu_audio_tokens=int((self.tiers == Tier.CPU).sum()),
+            cpu_audio_tokens=int((self.tiers == TIER_CPU).sum()),
             read_audio_tokens=int(self.read.sum()),
             h2d_tokens=h2d,
             h2d_bytes=h2d * 2 * heads.head_dim * self.dtype_bytes,

@@ -5,6 +5,9 @@ replay engine and by live decoding.
 """
 
 from kvsim.policies.base import (
+    TIER_CPU,
+    TIER_GONE,
+    TIER_GPU,
     HeadLayout,
     HeadScores,
     MissingCalibrationError,
@@ -18,6 +21,9 @@ from kvsim.policies.base import (
 from kvsim.policies.registry import available, get, make, register
 
 __all__ = [
+    "TIER_CPU",
+    "TIER_GONE",
+    "TIER_GPU",
     "HeadLayout",
     "HeadScores",
     "MissingCalibrationError",

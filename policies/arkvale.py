@@ -61,12 +61,13 @@ from kvsim.policies._params import (
     require_real,
 )
 from kvsim.policies.base import (
+    TIER_CPU,
+    TIER_GPU,
     Policy,
     PolicyContext,
     PrefillView,
     QueryView,
     StepQueryView,
-    Tier,
     shared,
     topk_mask,
 )
@@ -78,7 +79,7 @@ if TYPE_CHECKING:
     from kvsim.policies._pages_torch import DevicePages
 
 #: tier of a page by residency: index False -> CPU (the mirror), True -> GPU
-_TIER_OF_RESIDENT = np.array([Tier.CPU, Tier.GPU], dtype=np.uint8)
+_TIER_OF_RESIDENT = np.array([TIER_CPU, TIER_GPU], dtype=np.uint8)
 
 
 def last_query_page_max(audio_attention: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -301,7 +302,7 @@ class ArkVale(Policy):
             self._adopt_resident(new)
         if self.sparse_read:
             return expand_pages(must, self._n_audio, self.page_size)
-        return self._tiers == Tier.GPU
+        return self._tiers == TIER_GPU
 
     def _adopt_resident(self, new: np.ndarray) -> None:
         """Make ``new`` (L, H_kv, P) the resident pages: the tiers and GPU masks of the

@@ -32,7 +32,7 @@ import numpy as np
 # the protocol's shared types live in the core (one definition); re-exported here so that a
 # policy needs one import
 from kvsim.core.shapes import HeadLayout, HeadScores
-from kvsim.core.tiers import TIER_DTYPE, Tier
+from kvsim.core.tiers import TIER_CPU, TIER_DTYPE, TIER_GONE, TIER_GPU, Tier
 from kvsim.core.views import (
     ArrayQueryView,
     ArrayStepQueryView,
@@ -46,7 +46,8 @@ from kvsim.core.views import (
 )
 
 __all__ = [
-    "TIER_DTYPE", "ArrayQueryView", "ArrayStepQueryView", "BufferStepView", "HeadLayout",
+    "TIER_CPU", "TIER_DTYPE", "TIER_GONE", "TIER_GPU", "ArrayQueryView", "ArrayStepQueryView",
+    "BufferStepView", "HeadLayout",
     "HeadScores", "MissingCalibrationError", "Policy", "PolicyContext", "PrefillView",
     "QueryView", "StepQueryView", "StepView", "Tier", "all_audio_attention", "descending_ranks",
     "full_tiers", "kv_group_sum", "shared", "topk_from_ranks", "topk_mask",

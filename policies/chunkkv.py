@@ -24,7 +24,13 @@ import numpy as np
 
 from kvsim.policies._params import require_bool, require_int
 from kvsim.policies._scoring import uniform_head_budget, window_scores
-from kvsim.policies.base import Policy, PolicyContext, PrefillView, Tier
+from kvsim.policies.base import (
+    TIER_GONE,
+    TIER_GPU,
+    Policy,
+    PolicyContext,
+    PrefillView,
+)
 from kvsim.policies.registry import register
 
 
@@ -72,7 +78,7 @@ class ChunkKV(Policy):
             keep[idx] = select_chunks(scores[idx], self.chunk_size, budget)
         keep = np.broadcast_to(keep, (ctx.heads.n_layers, ctx.heads.n_kv_heads, ctx.n_audio))
         self._capacity = budget * ctx.heads.n_heads_total
-        return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
+        return np.where(keep, TIER_GPU, TIER_GONE)
 
     def gpu_capacity(self) -> int | None:
         return self._capacity

@@ -31,11 +31,12 @@ import numpy as np
 from kvsim.policies._params import require_int, require_real
 from kvsim.policies._scoring import uniform_head_budget, window_scores
 from kvsim.policies.base import (
+    TIER_GONE,
+    TIER_GPU,
     Policy,
     PolicyContext,
     PrefillView,
     StepView,
-    Tier,
     all_audio_attention,
     topk_mask,
 )
@@ -85,10 +86,10 @@ class H2O(Policy):
         heavy = topk_mask(
             np.where(self._recent, -np.inf, self.scores), self._head_budget - n_recent
         )
-        self._tiers = np.where(heavy | self._recent, Tier.GPU, Tier.GONE).astype(np.uint8)
+        self._tiers = np.where(heavy | self._recent, TIER_GPU, TIER_GONE)
         self._capacity = self._head_budget * ctx.heads.n_heads_total
         #: resident positions per (layer, KV-head); the tiers change only in ``_evict``
-        self._n_resident = (self._tiers == Tier.GPU).sum(axis=-1)
+        self._n_resident = (self._tiers == TIER_GPU).sum(axis=-1)
         return self._tiers.copy()
 
     def decode_step(self, view: StepView) -> np.ndarray | None:
@@ -99,8 +100,8 @@ class H2O(Policy):
             axis=2, dtype=np.float64)
         if not (self._n_resident > self._head_budget).any():
             return None
-        self._tiers = self._evict(self._tiers == Tier.GPU)
-        self._n_resident = (self._tiers == Tier.GPU).sum(axis=-1)
+        self._tiers = self._evict(self._tiers == TIER_GPU)
+        self._n_resident = (self._tiers == TIER_GPU).sum(axis=-1)
         return self._tiers.copy()
 
     def _evict(self, resident: np.ndarray) -> np.ndarray:
@@ -110,7 +111,7 @@ class H2O(Policy):
         cand = np.where(resident & ~self._recent, self.scores, -np.inf)
         heavy = topk_mask(cand, n_heavy) & resident & ~self._recent
         keep = recent | heavy
-        return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
+        return np.where(keep, TIER_GPU, TIER_GONE)
 
     def gpu_capacity(self) -> int | None:
         return self._capacity

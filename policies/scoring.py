@@ -29,11 +29,11 @@ import numpy as np
 
 from kvsim.policies._scoring import uniform_head_budget
 from kvsim.policies.base import (
-    TIER_DTYPE,
+    TIER_GONE,
+    TIER_GPU,
     Policy,
     PolicyContext,
     PrefillView,
-    Tier,
     descending_ranks,
     topk_from_ranks,
 )
@@ -45,7 +45,7 @@ def keep_top(ranks: np.ndarray, budgets: np.ndarray | int) -> np.ndarray:
     """Tiers (L, H_kv, T_a) uint8: GPU for the ``budgets`` best-ranked positions of every
     (layer, KV-head) (``budgets`` broadcast to (L, H_kv)), GONE for the rest."""
     keep = topk_from_ranks(ranks, budgets)
-    return np.where(keep, Tier.GPU, Tier.GONE).astype(TIER_DTYPE)
+    return np.where(keep, TIER_GPU, TIER_GONE)
 
 
 @dataclass

@@ -53,11 +53,12 @@ import numpy as np
 from kvsim.policies._params import require_choice, require_int, require_real
 from kvsim.policies._scoring import uniform_head_budget
 from kvsim.policies.base import (
+    TIER_GONE,
+    TIER_GPU,
     Policy,
     PolicyContext,
     PrefillView,
     StepView,
-    Tier,
     all_audio_attention,
     kv_group_sum,
     shared,
@@ -244,7 +245,7 @@ class VoxZip(Policy):
         keep = sink_recent_topn(score, self._budget, self.n_sink, self.recent_fraction)
         self._keep = keep
         self._capacity = self._budget * ctx.heads.n_heads_total
-        return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
+        return np.where(keep, TIER_GPU, TIER_GONE)
 
     def update_scores(self, step_attention: list[np.ndarray] | np.ndarray,
                       n_generated: int = 0) -> np.ndarray:
@@ -278,7 +279,7 @@ class VoxZip(Policy):
             return None
         att = all_audio_attention(view, self.scores_.shape[0])
         keep = self.update_scores(att, n_generated=view.step + 1)
-        return np.where(keep, Tier.GPU, Tier.GONE).astype(np.uint8)
+        return np.where(keep, TIER_GPU, TIER_GONE)
 
     def gpu_capacity(self) -> int | None:
         """The prefill budget over every head: an upper bound at every step (the generation

@@ -79,12 +79,13 @@ from kvsim.policies._wnw_layout import (
     triage,
 )
 from kvsim.policies.base import (
-    TIER_DTYPE,
+    TIER_CPU,
+    TIER_GONE,
+    TIER_GPU,
     Policy,
     PolicyContext,
     PrefillView,
     StepView,
-    Tier,
     topk_mask,
 )
 from kvsim.policies.registry import register
@@ -307,8 +308,8 @@ class WnW(Policy):
         self._plan(ctx, self._signal(ctx), layout.seg_len)
         roles = self.roles_
         keep = self._select_prefill(ctx, view, layout)
-        tiers = np.where(keep, Tier.GPU, Tier.GONE).astype(TIER_DTYPE)
-        tiers[(roles == TIDAL)[..., None] & ~keep] = Tier.CPU
+        tiers = np.where(keep, TIER_GPU, TIER_GONE)
+        tiers[(roles == TIDAL)[..., None] & ~keep] = TIER_CPU
         self._prefill_keep = keep
         self._tiers = tiers
         self._tidal = roles == TIDAL
@@ -398,7 +399,7 @@ class WnW(Policy):
             return None
         pos_res = new_res[self._layout.seg_of_pos]  # (T_a,)
         tidal_gpu = self._prefill_keep | pos_res[None, None, :]
-        tidal_tiers = np.where(tidal_gpu, Tier.GPU, Tier.CPU).astype(TIER_DTYPE)
+        tidal_tiers = np.where(tidal_gpu, TIER_GPU, TIER_CPU)
         self._tiers[self._tidal] = tidal_tiers[self._tidal]
         return self._tiers.copy()
 

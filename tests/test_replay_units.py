@@ -9,7 +9,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kvsim.policies.base import BufferStepView, HeadLayout, Tier, all_audio_attention
+from kvsim.policies.base import (
+    TIER_CPU,
+    TIER_DTYPE,
+    TIER_GONE,
+    TIER_GPU,
+    BufferStepView,
+    HeadLayout,
+    Tier,
+    all_audio_attention,
+)
 from kvsim.replay.buffers import StepAttentionBuffers
 from kvsim.replay.engine import PolicySpec
 from kvsim.replay.logwriter import StepLogWriter
@@ -48,6 +57,16 @@ def _run(tiers: np.ndarray) -> PolicyRun:
     run = PolicyRun(PolicySpec("full", 1.0), None, StepLogWriter(HEADS, N_AUDIO, 1, 2))
     run.set_tiers(tiers)
     return run
+
+
+def test_tier_scalars_are_the_tiers_in_the_tier_dtype() -> None:
+    """The scalars the hot paths compare tier arrays with: the enum's values, in the arrays'
+    own dtype, so that a comparison or ``np.where`` never widens a tier array."""
+    assert [TIER_GONE, TIER_CPU, TIER_GPU] == [Tier.GONE, Tier.CPU, Tier.GPU] == [0, 1, 2]
+    assert {type(t) for t in (TIER_GONE, TIER_CPU, TIER_GPU)} == {TIER_DTYPE}
+    tiers = np.array([0, 1, 2, 2], dtype=TIER_DTYPE)
+    assert (tiers == TIER_GPU).tolist() == (tiers == Tier.GPU).tolist() == [False, False, True, True]
+    assert np.where(tiers > TIER_GONE, TIER_GPU, TIER_CPU).dtype == TIER_DTYPE
 
 
 def test_tier_updates_write_through_to_the_shared_masks() -> None:

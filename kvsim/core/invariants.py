@@ -7,7 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
-from kvsim.core.tiers import Tier
+from kvsim.core.tiers import TIER_GONE, TIER_GPU
 
 
 class _HasCapacity(Protocol):
@@ -25,13 +25,13 @@ def check_tiers(name: str, tiers: np.ndarray, shape: tuple[int, ...]) -> None:
         raise InvariantViolation(f"{name}: tiers must be an array of shape {shape}, got {got}")
     if tiers.dtype != np.uint8:
         raise InvariantViolation(f"{name}: tiers dtype must be uint8, got {tiers.dtype}")
-    if tiers.size and tiers.max() > Tier.GPU:
+    if tiers.size and tiers.max() > TIER_GPU:
         raise InvariantViolation(f"{name}: tier values must be GONE/CPU/GPU (0/1/2)")
 
 
 def check_gone_absorbing(name: str, before: np.ndarray, after: np.ndarray, step: int) -> None:
     """No position goes from GONE (``before``) to another tier (``after``) at ``step``."""
-    if ((before == Tier.GONE) & (after != Tier.GONE)).any():
+    if ((before == TIER_GONE) & (after != TIER_GONE)).any():
         raise InvariantViolation(
             f"{name}: a GONE position came back at step {step} (GONE is absorbing)")
 

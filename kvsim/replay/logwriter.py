@@ -12,7 +12,7 @@ import polars as pl
 
 from kvsim.core.shapes import HeadLayout
 from kvsim.core.steplog import STEP_LOG_COLUMNS
-from kvsim.core.tiers import Tier
+from kvsim.core.tiers import TIER_CPU, TIER_GPU
 
 #: step-log columns that differ between runs, in the order of ``StepLogWriter.run_columns``
 RUN_COLUMNS = ("gpu_audio_tokens", "cpu_audio_tokens", "read_audio_tokens", "h2d_tokens",
@@ -64,7 +64,7 @@ class StepLogWriter:
         ``before`` -> ``after``: CPU→GPU recalls per layer, their contiguous runs along the
         audio of each (layer, KV-head) row, and the positions leaving GPU."""
         n_audio = self.n_audio
-        recalled = changed[(before == Tier.CPU) & (after == Tier.GPU)]
+        recalled = changed[(before == TIER_CPU) & (after == TIER_GPU)]
         layer_of = recalled // self.row_size
         # a recalled position starts a run at the start of its row or after a gap
         starts = np.ones(recalled.size, dtype=bool)
@@ -77,7 +77,7 @@ class StepLogWriter:
         row[_H2D] = recalled.size
         row[_H2D_BYTES] = recalled.size * self.token_bytes
         row[_TRANSFERS] = np.count_nonzero(starts)
-        row[_RELEASED] = np.count_nonzero((before == Tier.GPU) & (after != Tier.GPU))
+        row[_RELEASED] = np.count_nonzero((before == TIER_GPU) & (after != TIER_GPU))
 
     def frame(self, n_prefill: int) -> pl.DataFrame:
         """The step log (:data:`STEP_LOG_COLUMNS`) of a replay whose prompt has ``n_prefill``

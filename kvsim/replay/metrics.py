@@ -198,8 +198,7 @@ class MetricAccumulator:
         (broadcast), and the kept mass: a run that reads every position of a q-head's
         KV-head (``whole``) keeps the full mass by construction (recall exactly 1)."""
         kept = np.where(whole, full_mass, mass)
-        full = np.broadcast_to(full_mass, kept.shape)
-        recall = np.divide(kept, full, out=np.ones_like(kept), where=full > 0)
+        recall = np.divide(kept, full_mass, out=np.ones_like(kept), where=full_mass > 0)
         return recall, kept
 
     def _jaccard(self, hits: np.ndarray, resident_q: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvsim.core.invariants import check_capacity, check_gone_absorbing, check_tiers
-from kvsim.policies.base import BufferStepView, Policy, Tier
+from kvsim.policies.base import TIER_CPU, TIER_GPU, BufferStepView, Policy
 from kvsim.replay.logwriter import StepLogWriter
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class PolicyRun:
     def set_tiers(self, tiers: np.ndarray) -> None:
         """Adopt new tiers and refresh the derived GPU masks used in the inner loop."""
         self.tiers = tiers.copy()
-        self.gpu = self.tiers == Tier.GPU
+        self.gpu = self.tiers == TIER_GPU
         if self.gpu_mask is None:
             self.gpu_mask = self.gpu.astype(np.float32)
         else:
@@ -66,21 +66,21 @@ class PolicyRun:
         else:
             self.resident[...] = self.gpu.sum(-1)
         self.n_gpu = int(self.resident.sum())
-        self.n_cpu = int(np.count_nonzero(self.tiers == Tier.CPU))
+        self.n_cpu = int(np.count_nonzero(self.tiers == TIER_CPU))
 
     def update_tiers(self, changed: np.ndarray, before: np.ndarray, after: np.ndarray) -> None:
         """:meth:`set_tiers` for new tiers that differ from the current ones only at the flat
         indices ``changed`` (``before`` -> ``after``): the derived arrays are patched there."""
         np.put(self.tiers, changed, after)  # in place, whatever the memory layout
-        on_gpu = after == Tier.GPU
+        on_gpu = after == TIER_GPU
         np.put(self.gpu, changed, on_gpu)
         np.put(self.gpu_mask, changed, on_gpu)
-        delta = on_gpu.astype(np.int64) - (before == Tier.GPU)
+        delta = on_gpu.astype(np.int64) - (before == TIER_GPU)
         row = changed // self.tiers.shape[-1]  # (layer, KV-head) of every change
         per_row = np.bincount(row, weights=delta, minlength=self.resident.size)
         self.resident += per_row.astype(np.int64).reshape(self.resident.shape)
         self.n_gpu += int(delta.sum())
-        self.n_cpu += int(np.count_nonzero(after == Tier.CPU) - np.count_nonzero(before == Tier.CPU))
+        self.n_cpu += int(np.count_nonzero(after == TIER_CPU) - np.count_nonzero(before == TIER_CPU))
 
     def end_step(self, step: int, check_invariants: bool) -> None:
         """The tier update of decode step ``step``: the policy's new tiers (``current_tiers``

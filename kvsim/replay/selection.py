@@ -13,7 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.core.invariants import InvariantViolation
-from kvsim.policies.base import ArrayQueryView, ArrayStepQueryView, Tier
+from kvsim.policies.base import (
+    TIER_GPU,
+    ArrayQueryView,
+    ArrayStepQueryView,
+)
 from kvsim.replay.runstate import PolicyRun
 
 
@@ -79,7 +83,7 @@ class QueryAwareSelection:
             if cur is None and run.n_gpu == run.tiers.size:
                 continue  # every position on GPU (Quest): nothing can be read off GPU
             tiers = run.tiers if cur is None else cur
-            off_gpu = ((masks[:, r] != 0) & (tiers != Tier.GPU)).any(axis=-1).any(axis=-1)
+            off_gpu = ((masks[:, r] != 0) & (tiers != TIER_GPU)).any(axis=-1).any(axis=-1)
             off_gpu &= self.checked[r]
             if off_gpu.any():
                 raise InvariantViolation(
