@@ -12,6 +12,7 @@ import pytest
 
 from kvsim.core.attention import decode_attention_block, gqa_logits, softmax_
 from kvsim.core.shapes import HeadLayout
+from kvsim.replay import steploop
 from kvsim.replay.engine import PolicySpec, ReplayConfig, Replayer, replay_trace
 from kvsim.replay.tensors import steps_per_block
 from kvsim.trace import Trace
@@ -166,3 +167,36 @@ def test_runs_with_fixed_reads_are_measured_per_block_as_step_by_step(block_trac
         # by at most ‖o_c‖/‖o‖ ≤ 1 + error times it
         err = b.summary["output_error"]
         assert a.summary["output_error"] == pytest.approx(err, rel=0, abs=(1 + err) * recall_bound)
+
+
+def test_layer_groups_cover_the_layers_within_the_memory_given() -> None:
+    heads = HeadLayout(n_layers=30, n_q_heads=32, n_kv_heads=8, head_dim=128)
+    per_layer = 3 * heads.n_q_heads * 1500 * 4
+    for budget in (0, per_layer, 7 * per_layer + 1, 29 * per_layer, 100 * per_layer):
+        groups = steploop.layer_groups(heads, 1500, budget)
+        assert [layer for g in groups for layer in g] == list(range(30))  # in order, once each
+        most = max(1, budget // per_layer)
+        assert max(map(len, groups)) <= most
+        assert len(groups) == -(-30 // most)  # as few as fit
+        assert max(map(len, groups)) - min(map(len, groups)) <= 1  # near-equal
+
+
+def test_layers_measured_together_are_the_bits_of_one_layer_at_a_time(
+        block_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stepwise runs' recall and top-K Jaccard of a group of layers come from one batched
+    product and one set of elementwise operations, the step's sums taken over the layers in
+    order: every figure the same bits as with one layer per group."""
+    trace = Trace(block_trace)
+    n_layers = trace.head_layout.n_layers
+    assert len(steploop.layer_groups(trace.head_layout, trace.n_audio, 16 * 2**20)) < n_layers
+    specs = [PolicySpec(name, 0.3) for name in ("snapkv", "h2o", "voxzip", "quest", "arkvale")]
+    cfg = ReplayConfig(error_stride=3)
+    grouped = replay_trace(trace, specs, cfg)
+    monkeypatch.setattr(steploop, "layer_groups",
+                        lambda heads, n_audio, group_bytes: [range(i, i + 1) for i in range(n_layers)])
+    alone = replay_trace(trace, specs, cfg)
+    for a, b in zip(grouped, alone, strict=True):
+        assert a.step_log.equals(b.step_log)
+        assert a.step_recall.tobytes() == b.step_recall.tobytes()
+        assert a.per_head_recall.tobytes() == b.per_head_recall.tobytes()
+        assert a.summary == {**b.summary, "policy_seconds": a.summary["policy_seconds"]}

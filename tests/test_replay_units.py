@@ -103,13 +103,15 @@ def test_step_attention_buffers_hold_the_layers_read() -> None:
     assert buffers.buffers.shape[0] == 2 and runs[2].buffer is None
     group = HEADS.group
     expected = {}
-    for layer in range(HEADS.n_layers):
-        att = rng.random((HEADS.n_kv_heads, group, N_AUDIO)).astype(np.float32)
-        masks = rng.integers(0, 2, (len(runs), HEADS.n_kv_heads, N_AUDIO)).astype(np.float32)
-        norm = rng.uniform(0.5, 1.0, (len(runs), HEADS.n_q_heads)).astype(np.float32)
-        buffers.fill(layer, att, masks, norm)
+    n_layers = HEADS.n_layers  # both layers in one call, as a group of layers
+    att = rng.random((n_layers, HEADS.n_kv_heads, group, N_AUDIO)).astype(np.float32)
+    masks = rng.integers(0, 2, (n_layers, len(runs), HEADS.n_kv_heads, N_AUDIO)).astype(np.float32)
+    norm = rng.uniform(0.5, 1.0, (n_layers, len(runs), HEADS.n_q_heads)).astype(np.float32)
+    buffers.fill_layers(range(n_layers), att, masks, norm)
+    for layer in range(n_layers):
         for r in range(len(runs)):  # elementwise float32: exact
-            kept = att * masks[r][:, None, :] / norm[r].reshape(HEADS.n_kv_heads, group, 1)
+            kept = (att[layer] * masks[layer, r][:, None, :]
+                    / norm[layer, r].reshape(HEADS.n_kv_heads, group, 1))
             expected[r, layer] = kept.reshape(HEADS.n_q_heads, N_AUDIO)
     views = [BufferStepView(0, run.buffer, run.buffer_rows) for run in runs]
     for r in (0, 1, 3):
@@ -143,9 +145,9 @@ def test_metrics_exact_cases_and_recall_bound(n_static: int) -> None:
     acc = MetricAccumulator(3, heads, n_audio, n_steps=1, topk=k_top, n_static=n_static)
     acc.set_static_masks(masks[None])
     acc.start_block(0, 0, audio_att[:, :, None], resident)
-    mass = acc.add_layer(0, 0, audio_att, masks, resident)
+    mass = acc.add_layers(0, range(1), audio_att[None], masks[None], resident[None])
     recall = acc.recall_sum[:, 0]
-    assert (recall[0] == 1.0).all() and (mass.normaliser[0] == 1.0).all()  # by construction
+    assert (recall[0] == 1.0).all() and (mass.normaliser[0, 0] == 1.0).all()  # by construction
     assert (recall[1] == 0.0).all()
     assert acc.step_jaccard[0, 0] == 1.0 and acc.step_jaccard[1, 0] == 0.0
     # random mask: kept and full mass are float32 sums of T_a non-negative terms (γ_{T_a}

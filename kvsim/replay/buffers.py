@@ -32,10 +32,10 @@ class StepAttentionBuffers:
         self.buffers = np.zeros((len(every), n_layers, *self.shape, n_audio), dtype=np.float32)
         for b, r in enumerate(every):
             runs[r].buffer = self.buffers[b].reshape(n_layers, heads.n_q_heads, n_audio)
-        #: per layer: the runs of the shared array (all of ``every``, rows ``[0, len(every))``)
-        #: and, for the runs that read only some layers, (run, its buffer row of this layer)
-        self.fills: list[tuple[list[int], list[tuple[int, np.ndarray]]]] = [
-            (every, []) for _ in range(n_layers)]
+        #: the runs of the shared array (its rows ``[0, len(every))``)
+        self.every = every
+        #: per layer: (run, its buffer row of this layer) of the runs that read only some layers
+        self.own: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n_layers)]
         for r in buffered:
             if r not in every:
                 self._own_buffer(runs[r], r, n_layers, n_audio)
@@ -48,28 +48,32 @@ class StepAttentionBuffers:
         rows = np.full(n_layers, len(layers), dtype=np.int64)
         for row, layer in enumerate(layers):
             rows[layer] = row
-            self.fills[layer][1].append((r, buffer[row]))
+            self.own[layer].append((r, buffer[row]))
         run.buffer = buffer.reshape(len(layers) + 1, -1, n_audio)
         run.buffer_rows = rows
 
-    def fill(self, layer: int, audio_att: np.ndarray, run_masks: np.ndarray,
-             normaliser: np.ndarray) -> None:
-        """Write the compressed attention of ``layer`` into the buffers of the runs that read it.
+    def fill_layers(self, layers: range, audio_att: np.ndarray, run_masks: np.ndarray,
+                    normaliser: np.ndarray) -> None:
+        """Write the compressed attention of the consecutive ``layers`` into the buffers of the
+        runs that read them (the runs reading every layer in one product over the layers).
 
         Parameters
         ----------
-        audio_att : (H_kv, g, T_a) float32
-            The full attention's audio columns.
-        run_masks : (R, H_kv, T_a) float32
-            What every run read at this layer (0/1).
-        normaliser : (R, H_q) float32
-            Every run's softmax normaliser (the attention mass it kept).
+        audio_att : (G, H_kv, g, T_a) float32
+            The full attention's audio columns at the G layers.
+        run_masks : (G, R, H_kv, T_a) float32
+            What every run read at those layers (0/1).
+        normaliser : (G, R, H_q) float32
+            Every run's softmax normaliser (the attention mass it kept) there.
         """
-        every, own = self.fills[layer]
+        every, n_layers = self.every, len(layers)
         if every:
-            kept = np.multiply(audio_att, run_masks[every][:, :, None, :],  # (n, H_kv, g, T_a)
-                               out=self.buffers[:, layer])
-            kept /= normaliser[every].reshape(len(every), *self.shape, 1)
-        for r, row in own:
-            np.multiply(audio_att, run_masks[r][:, None, :], out=row)
-            row /= normaliser[r].reshape(*self.shape, 1)
+            kept = np.multiply(audio_att[None],  # (n, G, H_kv, g, T_a)
+                               run_masks[:, every].transpose(1, 0, 2, 3)[:, :, :, None, :],
+                               out=self.buffers[:, layers.start:layers.stop])
+            kept /= normaliser[:, every].transpose(1, 0, 2).reshape(
+                len(every), n_layers, *self.shape, 1)
+        for i, layer in enumerate(layers):
+            for r, row in self.own[layer]:
+                np.multiply(audio_att[i], run_masks[i, r][:, None, :], out=row)
+                row /= normaliser[i, r].reshape(*self.shape, 1)

@@ -30,11 +30,11 @@ WorkArrays = Callable[[object, tuple[int, ...], type], np.ndarray]
 
 
 class LayerMass(NamedTuple):
-    """Every run's attention mass at one (step, layer), shared by the output-error and the
-    step-attention buffers."""
+    """Every run's attention mass at one (step, layer) (arrays (R, H_q)), or at each of a group
+    of layers (arrays (G, R, H_q)), shared by the output-error and the step-attention buffers."""
 
-    whole: np.ndarray  #: (R, H_q) bool: the run read every audio position of the q-head's KV-head
-    normaliser: np.ndarray  #: (R, H_q) softmax normaliser of the compressed model
+    whole: np.ndarray  #: bool: the run read every audio position of the q-head's KV-head
+    normaliser: np.ndarray  #: softmax normaliser of the compressed model
 
 
 @dataclass
@@ -61,7 +61,7 @@ class MetricAccumulator:
     The first ``n_static`` runs read what they chose at prefill at every step (no tier update,
     no selection): they are measured once per block of decode steps (:meth:`start_block`,
     B = the block's steps, against a copy of their masks laid out for the product); the others
-    step by step (:meth:`add_layer`, B = 1), with the top-K indicator of the block. Either way a
+    step by step (:meth:`add_layers`, B = 1, a group of layers at once), with the top-K indicator of the block. Either way a
     figure is the same float32 sums of the same probabilities (the products' shapes differ, so
     the roundings may).
     """
@@ -138,50 +138,78 @@ class MetricAccumulator:
         self.step_jaccard[static, steps] += self._jaccard(hits, resident_q).T
         self._static_mass[layer] = kept, full
 
-    def add_layer(self, step: int, layer: int, audio_att: np.ndarray,
-                  masks_with_full: np.ndarray, resident: np.ndarray) -> LayerMass:
-        """Add the recall and top-K Jaccard of every run that is not static at (``step``,
-        ``layer``), a step of the block opened last by :meth:`start_block`; return every run's
-        attention mass there.
+    def add_layers(self, step: int, layers: range, audio_att: np.ndarray,
+                   masks_with_full: np.ndarray, resident: np.ndarray) -> LayerMass:
+        """Add the recall and top-K Jaccard of every run that is not static at ``step`` and
+        each of the consecutive ``layers`` (each at a step of the block opened last by
+        :meth:`start_block`); return every run's attention mass there.
+
+        The layers share one batched product and one set of elementwise operations (per
+        layer the same product shape and the same operations as one layer alone, so the same
+        bits); a step's figures are summed over the layers in order.
 
         Parameters
         ----------
-        audio_att : (H_kv, g, T_a) float32
-            The full attention's audio columns.
-        masks_with_full : (R + 1, H_kv, T_a) float32
-            What every run read (0/1); slot R is all ones.
-        resident : (R, H_kv) int
+        audio_att : (G, H_kv, g, T_a) float32
+            The full attention's audio columns at the G layers.
+        masks_with_full : (G, R + 1, H_kv, T_a) float32
+            What every run read (0/1) at those layers; slot R is all ones.
+        resident : (G, R, H_kv) int
             Audio positions every run read per KV-head.
+
+        Returns
+        -------
+        LayerMass
+            Its arrays (G, R, H_q), one row per layer.
         """
-        first, top = self._top[layer]
-        resident_q = resident[:, self.kv_of_q]  # (R, H_q)
+        resident_q = resident[..., self.kv_of_q]  # (G, R, H_q)
         whole = resident_q == self.n_audio
         kept_mass = np.empty(resident_q.shape, dtype=np.float32)
         full_mass = np.empty(resident_q.shape, dtype=np.float32)
-        if self.n_static:
-            kept, full = self._static_mass[layer]
-            kept_mass[self.static], full_mass[self.static] = kept[step - first], full[step - first]
+        for i, layer in enumerate(layers):
+            first, _ = self._top[layer]
+            if self.n_static:
+                kept, full = self._static_mass[layer]
+                kept_mass[i, self.static], full_mass[i, self.static] = (kept[step - first],
+                                                                        full[step - first])
         if self.n_static < self.n_runs:
-            dynamic, n_kv = self.dynamic, audio_att.shape[0]
-            parts = 1 if top is None else 2
-            lhs = self.work("step", (n_kv, parts, self.group, self.n_audio), np.float32)
-            lhs[:, 0] = audio_att
-            if top is not None:
-                lhs[:, 1] = top[:, :, step - first]
-            cols = masks_with_full[self.n_static:]  # the stepwise runs and the all-ones slot
-            prod = np.matmul(lhs.reshape(n_kv, parts * self.group, self.n_audio),
-                             cols.transpose(1, 2, 0))  # (H_kv, parts·g, D + 1)
-            per_q = prod.reshape(n_kv, parts, self.group, -1).transpose(1, 3, 0, 2).reshape(
-                parts, prod.shape[-1], -1)  # (parts, D + 1, H_q)
-            read_q = resident_q[dynamic]
-            recall, kept = self._recall(per_q[0, :-1], per_q[0, -1], whole[dynamic])
-            self.recall_sum[dynamic, layer] += recall
-            self.step_recall[dynamic, step] += row_mean(recall)
-            hits = per_q[1, :-1] if top is not None else read_q
-            self.step_jaccard[dynamic, step] += self._jaccard(hits, read_q)
-            kept_mass[dynamic], full_mass[dynamic] = kept, per_q[0, -1]
+            kept, full = self._add_dynamic(step, layers, audio_att, masks_with_full,
+                                           resident_q, whole)
+            kept_mass[:, self.dynamic], full_mass[:, self.dynamic] = kept, full
         normaliser = np.where(whole, np.float32(1.0), 1.0 - full_mass + kept_mass)
         return LayerMass(whole, normaliser)
+
+    def _add_dynamic(self, step: int, layers: range, audio_att: np.ndarray,
+                     masks_with_full: np.ndarray, resident_q: np.ndarray,
+                     whole: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`add_layers` for the runs that are not static: one ``(parts·g, T_a) x
+        (T_a, D + 1)`` product per (layer, KV-head); returns their kept and full masses
+        (G, D, H_q) and (G, 1, H_q)."""
+        n_layers, n_kv = audio_att.shape[:2]
+        top = self._top[layers[0]][1]  # None for every layer, or for none
+        parts = 1 if top is None else 2
+        lhs = self.work("step", (n_layers, n_kv, parts, self.group, self.n_audio), np.float32)
+        lhs[:, :, 0] = audio_att
+        if top is not None:
+            for i, layer in enumerate(layers):
+                first, layer_top = self._top[layer]
+                lhs[i, :, 1] = layer_top[:, :, step - first]
+        cols = masks_with_full[:, self.n_static:]  # the stepwise runs and the all-ones slot
+        prod = np.matmul(lhs.reshape(n_layers, n_kv, parts * self.group, self.n_audio),
+                         cols.transpose(0, 2, 3, 1))  # (G, H_kv, parts·g, D + 1)
+        per_q = prod.reshape(n_layers, n_kv, parts, self.group, -1).transpose(
+            0, 2, 4, 1, 3).reshape(n_layers, parts, prod.shape[-1], -1)  # (G, parts, D + 1, H_q)
+        dynamic = self.dynamic
+        read_q = resident_q[:, dynamic]
+        full = per_q[:, 0, -1:]
+        recall, kept = self._recall(per_q[:, 0, :-1], full, whole[:, dynamic])
+        self.recall_sum[dynamic, layers.start:layers.stop] += recall.transpose(1, 0, 2)
+        hits = per_q[:, 1, :-1] if top is not None else read_q
+        step_recall, step_jaccard = row_mean(recall), self._jaccard(hits, read_q)  # (G, D)
+        for i in range(n_layers):  # summed over the layers in order
+            self.step_recall[dynamic, step] += step_recall[i]
+            self.step_jaccard[dynamic, step] += step_jaccard[i]
+        return kept, full
 
     def work(self, key: object, shape: tuple[int, ...], dtype: type) -> np.ndarray:
         """A work array of ``shape``, the same one at every call with that key and shape
@@ -269,7 +297,7 @@ def output_error(att: LayerAttention, values: np.ndarray, audio_index: slice | n
     non_audio : (p + 1,) bool
         The non-audio positions up to the current one.
     masks_with_full, mass
-        As in :meth:`MetricAccumulator.add_layer`.
+        As in :meth:`MetricAccumulator.add_layers`, at one layer.
     work : WorkArrays, optional
         Where the products' operands are kept between calls (:meth:`MetricAccumulator.work`).
     """

@@ -18,7 +18,7 @@ import numpy as np
 
 from kvsim.policies.base import HeadLayout, Policy
 from kvsim.replay.buffers import StepAttentionBuffers
-from kvsim.replay.metrics import MetricAccumulator, RunMetrics, output_error
+from kvsim.replay.metrics import LayerMass, MetricAccumulator, RunMetrics, output_error
 from kvsim.replay.runstate import PolicyRun
 from kvsim.replay.selection import QueryAwareSelection
 from kvsim.replay.tensors import TraceTensors
@@ -34,6 +34,8 @@ class LoopSettings:
     topk: int  #: K of the top-K Jaccard
     error_stride: int  #: output error on every error_stride-th step
     check_invariants: bool
+    #: work memory of the layers whose stepwise metrics are computed together (:func:`layer_groups`)
+    layer_group_bytes: int = 16 * 2**20
 
 
 def share_gpu_masks(runs: list[PolicyRun], heads: HeadLayout,
@@ -88,6 +90,7 @@ class StepLoop:
         self.metrics.set_static_masks(self.masks_with_full)
         self.reads = np.zeros((settings.n_steps, len(runs)), dtype=np.int64)  # audio read
         self.stepping = [run for run in runs if changes_tiers(run)]
+        self.layer_groups = layer_groups(heads, n_audio, settings.layer_group_bytes)
 
     def run(self) -> list[RunMetrics]:
         """Replay every step; complete the runs' step logs; return their metrics, in the
@@ -111,8 +114,8 @@ class StepLoop:
         non_audio = self.tensors.non_audio[: position + 1]
         queries = self.tensors.step_queries(position)
         self.selection.select_step(step, queries, self.masks_with_full, self.resident)
-        for layer in range(self.heads.n_layers):
-            self.layer(step, layer, queries[layer], non_audio, error_sampled)
+        for layers in self.layer_groups:
+            self.layers(step, layers, queries, non_audio, error_sampled)
         self.metrics.end_step(error_sampled)
         if cfg.check_invariants:
             self.selection.check_reads(self.masks_with_full, step)
@@ -129,20 +132,44 @@ class StepLoop:
         n_kv = self.heads.n_kv_heads
         self.metrics.start_block(step, layer, audio.reshape(n_kv, -1, *audio.shape[1:]), resident)
 
-    def layer(self, step: int, layer: int, q: np.ndarray, non_audio: np.ndarray,
-              error_sampled: bool) -> None:
-        """The attention pass of (``step``, ``layer``) and every run's metrics there."""
+    def layers(self, step: int, layers: range, queries: list[np.ndarray], non_audio: np.ndarray,
+               error_sampled: bool) -> None:
+        """The attention pass of ``step`` at each of the consecutive ``layers`` and every run's
+        metrics there, the recall and top-K Jaccard of the stepwise runs batched over the
+        layers."""
         position = non_audio.size - 1
-        att = self.tensors.attention(q, layer, position, self.heads.group)
-        masks_with_full = self.masks_with_full[layer]  # (R + 1, H_kv, T_a), contiguous
-        run_masks = masks_with_full[: len(self.runs)]
-        resident = self.resident[layer]  # (R, H_kv)
-        self._start_block_at(step, layer, position, resident)
-        self.selection.select_layer(step, layer, q, run_masks, resident)
-        self.reads[step] += resident.sum(-1)
-        mass = self.metrics.add_layer(step, layer, att.audio, masks_with_full, resident)
-        self.buffers.fill(layer, att.audio, run_masks, mass.normaliser)
-        if error_sampled:
-            errors = output_error(att, self.tensors.values[layer], self.tensors.audio_index,
-                                  non_audio, masks_with_full, mass, self.metrics.work)
-            self.metrics.add_output_error(errors, layer)
+        n_runs, rows = len(self.runs), slice(layers.start, layers.stop)
+        atts = [self.tensors.attention(queries[layer], layer, position, self.heads.group)
+                for layer in layers]
+        audio = self.metrics.work("audio", (len(layers), *atts[0].audio.shape), np.float32)
+        for i, layer in enumerate(layers):
+            resident = self.resident[layer]  # (R, H_kv)
+            self._start_block_at(step, layer, position, resident)
+            self.selection.select_layer(step, layer, queries[layer],
+                                        self.masks_with_full[layer, :n_runs], resident)
+            audio[i] = atts[i].audio
+        self.reads[step] += self.resident[rows].sum(axis=(0, 2))
+        mass = self.metrics.add_layers(step, layers, audio, self.masks_with_full[rows],
+                                       self.resident[rows])
+        self.buffers.fill_layers(layers, audio, self.masks_with_full[rows, :n_runs],
+                                 mass.normaliser)
+        for i, layer in enumerate(layers):
+            masks_with_full = self.masks_with_full[layer]  # (R + 1, H_kv, T_a), contiguous
+            if error_sampled:
+                errors = output_error(atts[i], self.tensors.values[layer],
+                                      self.tensors.audio_index, non_audio, masks_with_full,
+                                      LayerMass(mass.whole[i], mass.normaliser[i]),
+                                      self.metrics.work)
+                self.metrics.add_output_error(errors, layer)
+
+
+def layer_groups(heads: HeadLayout, n_audio: int, group_bytes: int) -> list[range]:
+    """Consecutive layers whose stepwise metrics are computed together: as many as keep the
+    work arrays of a group (its audio attention and the product's operand, about
+    3 × H_q × T_a float32 per layer) within ``group_bytes``, in groups of near-equal size
+    (one layer per group from the audio length where one layer alone exceeds it)."""
+    per_layer = 3 * heads.n_q_heads * n_audio * 4
+    most = max(1, group_bytes // per_layer)
+    n_groups = -(-heads.n_layers // most)
+    bounds = np.linspace(0, heads.n_layers, n_groups + 1).round().astype(int)
+    return [range(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
