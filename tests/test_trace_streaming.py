@@ -15,6 +15,7 @@ from kvsim.core.attention import causal_attention, causal_attention_columns
 from kvsim.core.views import WindowPrefillView
 from kvsim.replay.tensors import TraceTensors
 from kvsim.synth import SynthConfig, synthesize, write_synthetic
+from kvsim.trace import tensors
 from kvsim.trace.reader import Trace
 from kvsim.trace.schema import TraceError
 from kvsim.trace.tensors import first_nonfinite
@@ -127,3 +128,42 @@ def test_first_nonfinite_on_float16_bits_agrees_with_isfinite_on_every_half() ->
         arr.reshape(-1)[7:] = every_half[i]
         assert first_nonfinite(arr) == (0, 1, 3)
     assert first_nonfinite(every_half[finite].reshape(-1, 8)) is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_first_nonfinite_on_wider_floats_agrees_with_isfinite(dtype) -> None:
+    """float32 and float64 are tested on their bits too: every class of value at the edge of
+    finiteness (±inf, quiet and signalling NaNs of either sign and any payload, the largest
+    finite, the smallest subnormal, ±0) is classified as ``np.isfinite`` classifies it."""
+    info, uint = np.finfo(dtype), {np.float32: np.uint32, np.float64: np.uint64}[dtype]
+    nbits = 8 * np.dtype(dtype).itemsize
+    exponent = ((1 << info.nexp) - 1) << info.nmant  # every exponent bit set
+    sign = 1 << (nbits - 1)
+    patterns = [exponent, exponent | 1, exponent | (1 << (info.nmant - 1)), exponent | ((1 << info.nmant) - 1)]
+    specials = np.array(patterns + [p | sign for p in patterns], dtype=uint).view(dtype)
+    edges = np.array([info.max, -info.max, info.smallest_subnormal, 0.0, -0.0], dtype=dtype)
+    for value in np.concatenate([specials, edges]):
+        arr = np.ones((3, 5), dtype=dtype)
+        arr[1, 2:] = value
+        with np.errstate(invalid="ignore"):
+            expected = None if np.isfinite(value) else (1, 2)
+        assert first_nonfinite(arr) == expected
+
+
+def test_first_nonfinite_finds_the_first_bad_value_across_chunks() -> None:
+    """The test runs a chunk at a time: a bad value at either edge of a chunk, in the last
+    partial chunk, or behind another one later on is found at its own index, in the array's
+    own (C-order) indexing also for a non-contiguous view."""
+    chunk = tensors._CHUNK
+    n = 3 * chunk + 5
+    for dtype in (np.float16, np.float32):
+        for at in (0, chunk - 1, chunk, 2 * chunk + 1, n - 1):
+            arr = np.zeros(n, dtype=dtype)
+            arr[at] = np.nan
+            arr[min(at + chunk + 3, n - 1)] = np.inf  # a later one does not hide it
+            assert first_nonfinite(arr) == (at,)
+            assert first_nonfinite(arr.reshape(1, n)) == (0, at)
+        grid = np.zeros((chunk // 4 + 3, 8), dtype=dtype)
+        grid[chunk // 4 + 1, 6] = -np.inf
+        assert first_nonfinite(grid.T) == (6, chunk // 4 + 1)  # transposed: index in grid.T
+        assert first_nonfinite(grid[:0]) is None

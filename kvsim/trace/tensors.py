@@ -61,19 +61,37 @@ def check_query_positions(qp: np.ndarray, meta: TraceMeta, file: str) -> None:
                          f"(positions {meta.n_prefill - 1}..{meta.n_positions - 1} need one)")
 
 
-_HALF_EXPONENT = np.uint16(0x7C00)  # float16: NaN and ±inf are the values with every exponent bit set
+#: per float dtype: the unsigned integer of its width, the mask that clears the sign bit, and
+#: the smallest magnitude bits of a non-finite value (every exponent bit set: ±inf and NaN)
+_FLOAT_BITS = {
+    np.dtype(np.float16): (np.uint16, 0x7FFF, 0x7C00),
+    np.dtype(np.float32): (np.uint32, 0x7FFF_FFFF, 0x7F80_0000),
+    np.dtype(np.float64): (np.uint64, 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000),
+}
+#: elements tested per pass: a chunk and its work array stay in cache, and no temporary as
+#: large as a layer is allocated (a fresh one costs a page fault per 4 KiB: ten times the test)
+_CHUNK = 1 << 16
 
 
 def first_nonfinite(arr: np.ndarray) -> tuple[int, ...] | None:
     """Index of the first NaN/inf of ``arr``, or None.
 
-    float16 (the usual storage dtype) is tested on its bits, an integer pass about three
-    times faster than ``np.isfinite`` on half floats.
+    IEEE floats are tested on their bits, a chunk at a time: with the sign bit cleared, a value
+    is non-finite exactly when its bits are at least those of +inf. Other dtypes use
+    ``np.isfinite``.
     """
-    if arr.dtype == np.float16:
-        bad = (arr.view(np.uint16) & _HALF_EXPONENT) == _HALF_EXPONENT
-    else:
+    spec = _FLOAT_BITS.get(arr.dtype)
+    if spec is None:
         bad = ~np.isfinite(arr)
-    if not bad.any():
-        return None
-    return tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), arr.shape))
+        return (tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), arr.shape))
+                if bad.any() else None)
+    uint, magnitude, infinity = spec
+    bits = arr.reshape(-1).view(uint)  # in C order (a copy if arr is not C-contiguous)
+    work = np.empty(min(_CHUNK, bits.size), dtype=uint)
+    for start in range(0, bits.size, _CHUNK):
+        part = bits[start : start + _CHUNK]
+        chunk = np.bitwise_and(part, uint(magnitude), out=work[: part.size])
+        if chunk.max() >= infinity:
+            first = start + int(np.argmax(chunk >= infinity))
+            return tuple(int(i) for i in np.unravel_index(first, arr.shape))
+    return None
