@@ -112,3 +112,25 @@ def test_minivox_scores_with_the_one_truncated_wer():
     # A runaway hypothesis is truncated to 1.2x the reference: 10 ref words -> 12 hyp words.
     ref = " ".join(["w"] * 10)
     assert corpus_wer([ref + " x" * 100], [ref], cfg=word) == 2 / 10
+
+
+def test_growing_a_split_keeps_its_earlier_clips(tmp_path):
+    """A split's clip i depends only on (seed, split, i) and the clips before it, so a split
+    grown from n to n + 1 clips (``test_long``: 8 -> 32) keeps its first n bit for bit."""
+    import polars as pl
+    import soundfile as sf
+
+    from kvsim.minivox.data import FORTUNE_DIR, SplitSpec, generate
+
+    _tts()
+    if not FORTUNE_DIR.is_dir():
+        pytest.skip(f"{FORTUNE_DIR} not installed")
+    frames = {}
+    for n in (2, 3):
+        cfg = DataConfig(splits=[SplitSpec("dev", n, 3.0, 6.0)])
+        frames[n] = pl.read_parquet(generate(tmp_path / str(n), cfg))
+    assert frames[3].height == 3
+    assert frames[3].head(2).equals(frames[2])
+    for rel in frames[2]["audio_path"]:
+        assert np.array_equal(sf.read(tmp_path / "2" / rel)[0], sf.read(tmp_path / "3" / rel)[0])
+    assert frames[3]["text"][2] not in set(frames[2]["text"])
