@@ -41,6 +41,7 @@ from .build import REPO_WEIGHTS, build_base, read_adapter, save_adapter, split_a
 from .data import parse_shard, read_manifest
 from .guided import AttentionProbe, GuideTargets, guided_loss, target_spans
 from .lora import add_lora, load_lora_state, lora_state
+from .scheduled import mixed_batch
 
 
 @dataclass
@@ -87,6 +88,9 @@ class TrainConfig:
     # speed perturbation (kvsim.minivox.augment): comma-separated factors, one drawn per clip
     # and step (Kaldi's "0.9,1.0,1.1"); empty: every clip at its recorded speed
     speed_perturb: str = ""
+    # parallel scheduled sampling (kvsim.minivox.scheduled): share of the transcript's input
+    # tokens replaced by the model's own teacher-forced greedy predictions (0: teacher forcing)
+    sampled_share: float = 0.0
 
 
 def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
@@ -426,12 +430,18 @@ class StepResult:
 
 
 def train_step(model, proc, rows: list[dict], cache_dir: Path, cfg: TrainConfig, opt, sched,
-               params: list, probe: AttentionProbe | None, world: int, t0: float) -> StepResult:
-    """Forward, backward (gradients averaged over the ranks), clip to norm 1, step."""
+               params: list, probe: AttentionProbe | None, world: int, t0: float,
+               sub_batch: int = 0) -> StepResult:
+    """Forward, backward (gradients averaged over the ranks), clip to norm 1, step; with
+    ``cfg.sampled_share`` the inputs are mixed first (scheduled sampling, drawn from
+    ``(seed, sub_batch)``)."""
     t_step = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
         batch = make_batch(model, proc, rows, cache_dir,
                            cfg.align_margin if probe is not None else None, cfg.align_end)
+        if cfg.sampled_share > 0:
+            draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + sub_batch)
+            batch = mixed_batch(model, batch, cfg.sampled_share, draw)
         t_fwd = time.perf_counter()
         loss, guided = loss_fn(model, batch, probe, cfg.align_weight)
     opt.zero_grad(set_to_none=True)
@@ -503,7 +513,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
         rows = perturb_rows(batch_rows(sub_batch, cfg, train_rows, long_rows, longform_rows),
                             speeds, cfg.seed, sub_batch)
         res = train_step(model, proc, rows, cache_dir, cfg, opt, sched, proj + lora, probe,
-                         world, t0)
+                         world, t0, sub_batch)
         step += 1
         ema = res.loss if ema is None else 0.9 * ema + 0.1 * res.loss
         bar.update(1)

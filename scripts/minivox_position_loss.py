@@ -1,0 +1,59 @@
+"""Teacher-forced transcript loss of a minivox adapter by position in the transcript.
+
+Each clip's per-token cross-entropy (nats, ``<|im_end|>`` included) is split into ``--parts``
+equal runs of consecutive tokens; prints every clip's mean per part and the mean over clips.
+A loss that rises towards the end of long clips would be a model losing its read position
+even on the true prefix; a flat one puts the long-form errors in free-running decoding.
+
+Usage: python scripts/minivox_position_loss.py ADAPTER.safetensors [--data DIR]
+       [--split test_long] [--clips 8:16] [--parts 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kvsim.minivox import load_minivox, minivox_dir
+from kvsim.minivox.data import read_manifest
+from kvsim.minivox.train import make_batch
+
+
+@torch.no_grad()
+def token_losses(model, proc, row: dict, cache: Path) -> np.ndarray:
+    """(T,) teacher-forced cross-entropy of each transcript token of one clip."""
+    batch = make_batch(model, proc, [row], cache)
+    out = model.model.language_model(inputs_embeds=batch.embeds, attention_mask=batch.mask,
+                                     use_cache=False)
+    scored = batch.labels != -100
+    logits = model.lm_head(out.last_hidden_state[scored]).float()
+    return F.cross_entropy(logits, batch.labels[scored], reduction="none").numpy()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("adapter", type=Path)
+    ap.add_argument("--data", type=Path, default=Path("data/minivox"))
+    ap.add_argument("--split", default="test_long")
+    ap.add_argument("--clips", default="0:8", help="LO:HI, a slice of the split's clips")
+    ap.add_argument("--parts", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    lo, hi = (int(x) for x in args.clips.split(":"))
+    model, proc = load_minivox(minivox_dir(args.adapter))
+    model.eval()
+    means = []
+    for row in read_manifest(args.data, args.split).to_dicts()[lo:hi]:
+        ce = token_losses(model, proc, row, args.data / "enc_cache")
+        means.append([part.mean() for part in np.array_split(ce, args.parts)])
+        print(f"{row['id']}\t{row['duration']:.0f} s\t{ce.size} tokens\t"
+              + "\t".join(f"{m:.2f}" for m in means[-1]), flush=True)
+    print("mean over clips\t\t\t" + "\t".join(f"{m:.3f}" for m in np.mean(means, axis=0)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""scripts/minivox_error_kinds.py: error kinds and skipped / looped passages."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import jiwer
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("minivox_error_kinds", ROOT / "scripts/minivox_error_kinds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+WORDS = [f"w{i}" for i in range(30)]
+
+
+def test_a_skipped_passage_and_a_loop_are_counted_as_runs():
+    kinds = _script().error_kinds
+    ref = " ".join(WORDS)
+    # 12 words skipped in one run, one word substituted, 3 scattered deletions
+    skip = " ".join(WORDS[:5] + ["oops"] + WORDS[6:10] + WORDS[22:25] + WORDS[26:28])
+    k = kinds([ref], [skip], run_words=10)
+    assert k["ref_words"] == 30
+    assert k["substitute"] == pytest.approx(1 / 30)
+    assert k["delete"] == pytest.approx(15 / 30) and k["skipped"] == pytest.approx(12 / 30)
+    assert k["insert"] == 0 and k["looped"] == 0
+    # the rates add up to jiwer's WER
+    assert k["wer"] == pytest.approx(jiwer.wer(ref, skip))
+    # a 12-word loop: inserted words in one run
+    loop = " ".join(WORDS[:10] + WORDS[:10] + ["x"] * 2 + WORDS[10:])
+    k = kinds([ref], [loop], run_words=10)
+    assert k["insert"] == pytest.approx(12 / 30) and k["looped"] == pytest.approx(12 / 30)
+    assert k["delete"] == 0 and k["skipped"] == 0
+    # a run shorter than run_words is not a skip
+    assert kinds([ref], [skip], run_words=13)["skipped"] == 0
+
+
+def test_shares_are_pooled_over_clips_by_reference_words():
+    kinds = _script().error_kinds
+    long_ref, short_ref = " ".join(WORDS), " ".join(WORDS[:10])
+    k = kinds([long_ref, short_ref], [long_ref, " ".join(WORDS[:5])], run_words=5)
+    assert k["ref_words"] == 40
+    assert k["delete"] == pytest.approx(5 / 40) and k["skipped"] == pytest.approx(5 / 40)
