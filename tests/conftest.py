@@ -54,6 +54,16 @@ def small_trace(small_trace_path: Path) -> Trace:
     return Trace(small_trace_path)
 
 
+def load_script(name: str):
+    """The module of ``scripts/<name>.py`` (registered in ``sys.modules`` under ``name``, as a
+    dataclass in it needs)."""
+    spec = importlib.util.spec_from_file_location(name, _ThisCheckout.root / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def make_trace(path: Path, preset: str = "tiny", seconds: float = 8, steps: int = 12, seed: int = 0,
                values: bool = True) -> Path:
     return write_trace(path, synthesize(SynthConfig(preset=preset, audio_seconds=seconds,

@@ -77,15 +77,11 @@ def test_store_heads_replaces_the_scores_and_nothing_else(tmp_path):
     """scripts/store_heads.py: the trace holds the new scores; keys, queries, values and
     positions are the same bytes; a trace of another shape is one line and left alone, and
     does not stop the others."""
-    import importlib.util
-
     from kvsim.core.shapes import HeadScores
     from kvsim.trace import Trace
-    from tests.conftest import make_trace
+    from tests.conftest import load_script, make_trace
 
-    spec = importlib.util.spec_from_file_location("store_heads", REPO / "scripts" / "store_heads.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("store_heads")
     good = make_trace(tmp_path / "good.kvtrace", seconds=3, steps=4, seed=1)
     other = make_trace(tmp_path / "other.kvtrace", preset="qwen-omni", seconds=1, steps=2, seed=2)
     before = Trace(good)

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import polars as pl
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("live_paired_wer", ROOT / "scripts/live_paired_wer.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("live_paired_wer")
 
 
 def _runs(rows: list[tuple[str, str, int, int]]) -> pl.DataFrame:

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import jiwer
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("minivox_error_kinds", ROOT / "scripts/minivox_error_kinds.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("minivox_error_kinds")
 
 
 WORDS = [f"w{i}" for i in range(30)]

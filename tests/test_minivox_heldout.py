@@ -187,15 +187,9 @@ def test_generated_test_new_has_the_promised_properties():
 
 
 def _human_speech():
-    import importlib.util
-    import sys
+    from tests.conftest import load_script
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "human_speech.py"
-    spec = importlib.util.spec_from_file_location("human_speech", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclass looks its module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("human_speech")
 
 
 def test_human_speech_reads_sphinx_references_and_raw_audio(tmp_path):
