@@ -476,6 +476,8 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     gradients.
     """
     speeds = parse_factors(cfg.speed_perturb)  # a bad spec fails before the model loads
+    if not 0.0 <= cfg.sampled_share <= 1.0:
+        raise ValueError(f"--sampled-share {cfg.sampled_share}: a share, from 0 to 1")
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     world, rank = data_parallel()

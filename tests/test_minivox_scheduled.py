@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvsim.minivox.scheduled import mixed_batch, sampled_positions
-from kvsim.minivox.train import Batch, TrainConfig
+from kvsim.minivox.train import Batch, TrainConfig, train
 
 V = 11  # vocabulary of the toy model
 
@@ -97,3 +97,9 @@ def test_nothing_drawn_means_no_first_pass() -> None:
 
 def test_teacher_forcing_is_the_default() -> None:
     assert TrainConfig().sampled_share == 0.0
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_a_share_outside_0_to_1_fails_before_the_model_loads(tmp_path, share: float) -> None:
+    with pytest.raises(ValueError, match="--sampled-share"):
+        train(tmp_path, tmp_path / "run", TrainConfig(sampled_share=share), None)
