@@ -1,6 +1,6 @@
 """Where minivox's transcription errors are: substitutions, deletions and insertions per
-reference word, and how many of the deleted (inserted) words fall in long runs, i.e. skipped
-passages (loops).
+reference word, how many of the deleted (inserted) words fall in long runs, i.e. skipped
+passages (loops), and how many output words are wrong: overall and just before each skip.
 
 Reads the ``--out`` files of ``python -m kvsim.minivox.evaluate``. The counts are over the
 normalised texts (:func:`kvsim.wer.normalize`) without truncation, so the three rates add up
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import jiwer
+import numpy as np
 
 from kvsim.wer import normalize
 
@@ -24,23 +25,35 @@ from kvsim.wer import normalize
 def error_kinds(refs: Sequence[str], hyps: Sequence[str], run_words: int = 10) -> dict:
     """Edit operations of ``hyps`` against ``refs`` pooled over the pairs, as shares of the
     reference words; ``skipped`` / ``looped``: the deleted / inserted words that lie in runs
-    of at least ``run_words`` consecutive words."""
+    of at least ``run_words`` consecutive words; ``wrong_output``: the share of output words
+    substituted or inserted; ``wrong_before_skips``: that share over the ``run_words`` output
+    words before each skip (skips with fewer output words before them left out; NaN
+    without any)."""
     ops = dict.fromkeys(("substitute", "delete", "insert"), 0)
     skipped = looped = n_ref = 0
+    wrong, before = [], []
     for ref, hyp in zip(refs, hyps, strict=True):
         ref, hyp = normalize(ref), normalize(hyp)
         n_ref += len(ref.split())
+        flags: list[bool] = []  # per output word: substituted or inserted
         for chunk in jiwer.process_words(ref, hyp).alignments[0]:
+            n = max(chunk.ref_end_idx - chunk.ref_start_idx, chunk.hyp_end_idx - chunk.hyp_start_idx)
+            if chunk.type == "delete" and n >= run_words and len(flags) >= run_words:
+                before.append(np.mean(flags[-run_words:]))
+            if chunk.type != "delete":
+                flags += [chunk.type != "equal"] * (chunk.hyp_end_idx - chunk.hyp_start_idx)
             if chunk.type not in ops:
                 continue
-            n = max(chunk.ref_end_idx - chunk.ref_start_idx, chunk.hyp_end_idx - chunk.hyp_start_idx)
             ops[chunk.type] += n
             if n >= run_words and chunk.type == "delete":
                 skipped += n
             if n >= run_words and chunk.type == "insert":
                 looped += n
+        wrong += flags
     return {"ref_words": n_ref, **{k: v / n_ref for k, v in ops.items()},
-            "wer": sum(ops.values()) / n_ref, "skipped": skipped / n_ref, "looped": looped / n_ref}
+            "wer": sum(ops.values()) / n_ref, "skipped": skipped / n_ref, "looped": looped / n_ref,
+            "wrong_output": float(np.mean(wrong)) if wrong else float("nan"),
+            "wrong_before_skips": float(np.mean(before)) if before else float("nan")}
 
 
 def main() -> None:
@@ -48,12 +61,15 @@ def main() -> None:
     ap.add_argument("evals", nargs="+", type=Path)
     ap.add_argument("--run-words", type=int, default=10)
     args = ap.parse_args()
-    print(f"file\twords\tsub\tdel\tins\tWER\tdel in runs >= {args.run_words}\tins in runs >= {args.run_words}")
+    n = args.run_words
+    print(f"file\twords\tsub\tdel\tins\tWER\tdel in runs >= {n}\tins in runs >= {n}"
+          f"\toutput words wrong\tof the {n} before a skip")
     for path in args.evals:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         k = error_kinds([r["ref"] for r in rows], [r["hyp"] for r in rows], args.run_words)
         print(f"{path.name}\t{k['ref_words']}\t{k['substitute']:.3f}\t{k['delete']:.3f}\t"
-              f"{k['insert']:.3f}\t{k['wer']:.3f}\t{k['skipped']:.3f}\t{k['looped']:.3f}")
+              f"{k['insert']:.3f}\t{k['wer']:.3f}\t{k['skipped']:.3f}\t{k['looped']:.3f}\t"
+              f"{k['wrong_output']:.3f}\t{k['wrong_before_skips']:.3f}")
 
 
 if __name__ == "__main__":

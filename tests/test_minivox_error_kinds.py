@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jiwer
 import pytest
 
@@ -25,6 +27,9 @@ def test_a_skipped_passage_and_a_loop_are_counted_as_runs():
     assert k["substitute"] == pytest.approx(1 / 30)
     assert k["delete"] == pytest.approx(15 / 30) and k["skipped"] == pytest.approx(12 / 30)
     assert k["insert"] == 0 and k["looped"] == 0
+    # 15 output words, one wrong; the 10 before the skip hold it
+    assert k["wrong_output"] == pytest.approx(1 / 15)
+    assert k["wrong_before_skips"] == pytest.approx(1 / 10)
     # the rates add up to jiwer's WER
     assert k["wer"] == pytest.approx(jiwer.wer(ref, skip))
     # a 12-word loop: inserted words in one run
@@ -32,6 +37,7 @@ def test_a_skipped_passage_and_a_loop_are_counted_as_runs():
     k = kinds([ref], [loop], run_words=10)
     assert k["insert"] == pytest.approx(12 / 30) and k["looped"] == pytest.approx(12 / 30)
     assert k["delete"] == 0 and k["skipped"] == 0
+    assert k["wrong_output"] == pytest.approx(12 / 42) and math.isnan(k["wrong_before_skips"])
     # a run shorter than run_words is not a skip
     assert kinds([ref], [skip], run_words=13)["skipped"] == 0
 
