@@ -40,14 +40,11 @@ def sampled_positions(labels: torch.Tensor, share: float,
 
 @torch.no_grad()
 def greedy_predictions(model, batch: Batch) -> torch.Tensor:
-    """(B, L) long: the teacher-forced greedy token at every scored position, -1 elsewhere
-    (the output head only where scored: its logits over the vocabulary at every position of a
-    long-form example would be gigabytes)."""
-    out = model.model.language_model(inputs_embeds=batch.embeds, attention_mask=batch.mask,
-                                     use_cache=False)
-    scored = batch.labels != -100
+    """(B, L) long: the teacher-forced greedy token at every scored position, -1 elsewhere."""
+    from .train import scored_logits  # train imports this module
+
     pred = torch.full_like(batch.labels, -1)
-    pred[scored] = model.lm_head(out.last_hidden_state[scored]).argmax(-1)
+    pred[batch.labels != -100] = scored_logits(model, batch).argmax(-1)
     return pred
 
 

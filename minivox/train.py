@@ -221,6 +221,15 @@ def _guide(tok, row: dict, part_tokens: list[int], is_audio: torch.Tensor, promp
     return GuideTargets(prompt_len - 1 + torch.arange(len(spans)), audio_positions, spans)
 
 
+def scored_logits(model, batch: Batch) -> torch.Tensor:
+    """(n_scored, V) output logits of the positions of ``batch`` that have a label, in row-major
+    order (the output head only there: at every position of a long-form example the logits
+    over the vocabulary would be gigabytes)."""
+    out = model.model.language_model(inputs_embeds=batch.embeds, attention_mask=batch.mask,
+                                     use_cache=False)
+    return model.lm_head(out.last_hidden_state[batch.labels != -100])
+
+
 def loss_fn(model, batch: Batch, probe: AttentionProbe | None = None,
             align_weight: float = 0.0) -> tuple[torch.Tensor, float | None]:
     """Transcript cross-entropy, plus ``align_weight`` x the guided-attention loss with a probe.
@@ -229,11 +238,8 @@ def loss_fn(model, batch: Batch, probe: AttentionProbe | None = None,
     """
     ctx = probe.capture() if probe is not None else nullcontext()
     with ctx:
-        out = model.model.language_model(inputs_embeds=batch.embeds, attention_mask=batch.mask,
-                                         use_cache=False)
-    sel = batch.labels != -100
-    logits = model.lm_head(out.last_hidden_state[sel])
-    loss = F.cross_entropy(logits.float(), batch.labels[sel])
+        logits = scored_logits(model, batch)
+    loss = F.cross_entropy(logits.float(), batch.labels[batch.labels != -100])
     if probe is None:
         return loss, None
     if align_weight == 0:  # measured only (TrainConfig.align_log): no graph, no gradient

@@ -38,17 +38,17 @@ def error_kinds(refs: Sequence[str], hyps: Sequence[str], run_words: int = 10) -
         flags: list[bool] = []  # per output word: substituted or inserted
         for chunk in jiwer.process_words(ref, hyp).alignments[0]:
             n = max(chunk.ref_end_idx - chunk.ref_start_idx, chunk.hyp_end_idx - chunk.hyp_start_idx)
-            if chunk.type == "delete" and n >= run_words and len(flags) >= run_words:
-                before.append(np.mean(flags[-run_words:]))
-            if chunk.type != "delete":
-                flags += [chunk.type != "equal"] * (chunk.hyp_end_idx - chunk.hyp_start_idx)
-            if chunk.type not in ops:
-                continue
-            ops[chunk.type] += n
-            if n >= run_words and chunk.type == "delete":
-                skipped += n
-            if n >= run_words and chunk.type == "insert":
+            if chunk.type == "delete":
+                if n >= run_words:
+                    skipped += n
+                    if len(flags) >= run_words:
+                        before.append(np.mean(flags[-run_words:]))
+            else:
+                flags += [chunk.type != "equal"] * n
+            if chunk.type == "insert" and n >= run_words:
                 looped += n
+            if chunk.type in ops:
+                ops[chunk.type] += n
         wrong += flags
     return {"ref_words": n_ref, **{k: v / n_ref for k, v in ops.items()},
             "wer": sum(ops.values()) / n_ref, "skipped": skipped / n_ref, "looped": looped / n_ref,

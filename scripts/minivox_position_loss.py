@@ -20,18 +20,15 @@ import torch.nn.functional as F
 
 from kvsim.minivox import load_minivox, minivox_dir
 from kvsim.minivox.data import read_manifest
-from kvsim.minivox.train import make_batch
+from kvsim.minivox.train import make_batch, scored_logits
 
 
 @torch.no_grad()
 def token_losses(model, proc, row: dict, cache: Path) -> np.ndarray:
     """(T,) teacher-forced cross-entropy of each transcript token of one clip."""
     batch = make_batch(model, proc, [row], cache)
-    out = model.model.language_model(inputs_embeds=batch.embeds, attention_mask=batch.mask,
-                                     use_cache=False)
-    scored = batch.labels != -100
-    logits = model.lm_head(out.last_hidden_state[scored]).float()
-    return F.cross_entropy(logits, batch.labels[scored], reduction="none").numpy()
+    return F.cross_entropy(scored_logits(model, batch).float(), batch.labels[batch.labels != -100],
+                           reduction="none").numpy()
 
 
 def main() -> None:
