@@ -5,7 +5,10 @@ Usage::
     python -m kvsim.minivox.evaluate --data data/minivox \\
         --splits test_30_60 test_long [--adapter PATH] [--limit N] [--out results.jsonl]
 
-Prints per-clip WER, decode ms/token and per-split corpus WER.
+Prints per-clip WER, decode ms/token and per-split corpus WER. Decoding is greedy, as in the
+paper's evaluation; ``--no-repeat-ngram N`` (off by default) is an experiment, not the
+protocol: greedy decoding that never writes an n-gram of N words-pieces twice (Hugging Face's
+``no_repeat_ngram_size``), which cannot loop.
 """
 
 from __future__ import annotations
@@ -24,9 +27,19 @@ from . import load_minivox, minivox_dir
 from .data import parse_shard, read_manifest
 
 
+def generation_options(no_repeat_ngram: int = 0) -> dict:
+    """Keyword arguments of ``generate``: greedy, and with ``no_repeat_ngram`` > 0 no n-gram of
+    that many tokens generated twice."""
+    if no_repeat_ngram < 0:
+        raise ValueError(f"no_repeat_ngram must be >= 0 (0: off), got {no_repeat_ngram}")
+    return {"do_sample": False, **({"no_repeat_ngram_size": no_repeat_ngram} if no_repeat_ngram else {})}
+
+
 def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | None,
-             out: Path | None, shard: tuple[int, int] = (0, 1)) -> dict[str, float]:
+             out: Path | None, shard: tuple[int, int] = (0, 1),
+             no_repeat_ngram: int = 0) -> dict[str, float]:
     torch.set_num_threads(1)
+    options = generation_options(no_repeat_ngram)
     model, proc = load_minivox(minivox_dir(adapter))
     results: dict[str, float] = {}
     fh = out.open("w") if out else None
@@ -41,7 +54,7 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | N
             max_new = int(len(r["text"].split()) * 1.7) + 10
             t0 = time.perf_counter()
             with torch.no_grad():
-                res = model.generate(**inp, max_new_tokens=max_new, do_sample=False)
+                res = model.generate(**inp, max_new_tokens=max_new, **options)
             wall = time.perf_counter() - t0
             gen = res[0, n_in:]
             hyp = proc.decode(gen)
@@ -51,6 +64,7 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | N
             rec = {"split": split, "id": r["id"], "duration": r["duration"], "wer": w,
                    "errors": scores.errors, "ref_words": scores.ref_words,
                    "n_prompt": n_in, "n_gen": int(gen.numel()), "wall_s": wall,
+                   "no_repeat_ngram": no_repeat_ngram,
                    "ref": r["text"], "hyp": hyp}
             print(f"{split} {r['id']} {r['duration']:.0f}s WER {w:.3f} gen {gen.numel()} tok "
                   f"in {wall:.1f}s", flush=True)
@@ -94,13 +108,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: evaluate every n-th clip from i "
                     "(run shards in parallel, then --summarise their --out files)")
+    ap.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
+                    help="never generate an n-gram of N tokens twice (an experiment; default 0: "
+                    "plain greedy, the paper's protocol)")
     ap.add_argument("--summarise", nargs="*", type=Path, default=None,
                     help="only print corpus WER per split from these --out files")
     a = ap.parse_args(argv)
     if a.summarise:
         summarise(a.summarise)
         return
-    res = evaluate(a.data, a.splits, a.adapter, a.limit, a.out, a.shard)
+    res = evaluate(a.data, a.splits, a.adapter, a.limit, a.out, a.shard, a.no_repeat_ngram)
     for k, v in res.items():
         print(f"{k}\tWER\t{v:.4f}")
 

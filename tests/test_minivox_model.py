@@ -383,3 +383,24 @@ def test_a_cache_build_that_loses_the_race_leaves_no_temporary_directory(tmp_pat
     publish_dir(second, out)  # the other process finished second: its build is dropped
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
     assert (out / "config.json").read_text() == "first"
+
+
+def test_no_repeat_ngram_option_stops_the_loops_of_greedy_decoding(tiny):
+    from kvsim.minivox.evaluate import generation_options
+
+    model, proc = tiny
+    audio = (np.random.default_rng(2).standard_normal(16000 * 5) * 0.1).astype(np.float32)
+    inp = proc(audio=audio)
+    n = inp["input_ids"].shape[1]
+
+    def bigrams(options: dict) -> list[tuple[int, int]]:
+        ids = model.generate(**inp, max_new_tokens=24, **options)[0, n:].tolist()
+        return list(zip(ids, ids[1:], strict=False))
+
+    assert generation_options() == {"do_sample": False}  # the protocol: plain greedy
+    plain = bigrams(generation_options())
+    assert len(set(plain)) < len(plain)  # an untrained model loops under plain greedy
+    blocked = bigrams(generation_options(2))
+    assert len(set(blocked)) == len(blocked)  # no bigram twice
+    with pytest.raises(ValueError, match="no_repeat_ngram"):
+        generation_options(-1)
