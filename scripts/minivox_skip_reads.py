@@ -14,8 +14,11 @@ The read position of an answer token is the attention peak of the alignment laye
 its median over the 5 tokens from the return, at the leave over the 5 tokens before it. A
 skip is then
 
-* ``read skipped too``: at the return the read position is at ``t1`` (within ``--tol-s``):
-  the reading jumped over the same audio;
+* ``read jumped too``: at the return the read position is at ``t1`` (within ``--tol-s``)
+  and got there in a jump: the read path (median of 3 tokens) moved forward by at least half
+  the skipped audio from one token to the next, between the leave and the return;
+* ``read went through``: at the return the read position is at ``t1``, but it moved through
+  the passage in smaller steps while the text was off the reference;
 * ``text only``: at the return the read position is still at or before ``t0``: the text
   skipped, the reading did not;
 * ``elsewhere``: neither;
@@ -47,7 +50,7 @@ import numpy as np
 
 from kvsim.wer import normalize
 
-LABELS = ("read skipped too", "text only", "elsewhere", "at the end")
+LABELS = ("read jumped too", "read went through", "text only", "elsewhere", "at the end")
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,8 @@ def find_skips(ref: Sequence[str], hyp: Sequence[str], run_words: int = 10, gap:
     deletions joined across at most ``gap`` reference words matched or substituted between
     them (a loop's repeated words land on scattered words of the passage it skips). The text
     returns at the first run of ``resume_words`` matched words after the passage (a single
-    matched word, often a loop's ``and`` or ``the``, is not yet its place)."""
+    matched word, often a loop's ``and`` or ``the``, is not yet its place); passages with the
+    same return are one skip (from the first's start and leave)."""
     if not hyp:
         return [Skip(0, len(ref), 0, None, None)] if len(ref) >= run_words else []
     chunks = jiwer.process_words(" ".join(ref), " ".join(hyp)).alignments[0]
@@ -109,7 +113,7 @@ def find_skips(ref: Sequence[str], hyp: Sequence[str], run_words: int = 10, gap:
                 runs.append([chunk.ref_start_idx, chunk.ref_end_idx, n, 0])
         elif runs:
             runs[-1][3] += n
-    skips = []
+    skips: list[Skip] = []
     for start, end, deleted, _ in runs:
         if deleted < run_words:
             continue
@@ -117,37 +121,46 @@ def find_skips(ref: Sequence[str], hyp: Sequence[str], run_words: int = 10, gap:
                      if c.type == "equal" and c.ref_end_idx <= start), default=0)
         back = next((c for c in chunks if c.type == "equal" and c.ref_start_idx >= end
                      and c.ref_end_idx - c.ref_start_idx >= resume_words), None)
-        skips.append(Skip(start, end, leave, *((back.hyp_start_idx, back.ref_start_idx)
-                                               if back else (None, None))))
+        skip = Skip(start, end, leave, *((back.hyp_start_idx, back.ref_start_idx)
+                                         if back else (None, None)))
+        if skips and skips[-1].return_ref == skip.return_ref:  # one episode: merged
+            first = skips.pop()
+            skip = Skip(first.ref_start, end, first.leave_word, skip.return_word, skip.return_ref)
+        skips.append(skip)
     return skips
 
 
-def classify(read_s: np.ndarray, step: int, t0: float, t1: float, tol_s: float = 2.0,
-             window: int = 5) -> tuple[str, int | None]:
-    """The kind of a skip whose text left the reference at audio time ``t0`` and returns to it
-    at answer token ``step``, at audio time ``t1``, from the read position per answer token
-    ``read_s`` (at the return: its median over ``step`` and the ``window - 1`` tokens after);
-    and the read path's lead in tokens: ``step`` minus the first token, from 30 before the
-    step, from which the read position stays at ``t1 - tol_s`` or later for three tokens
-    (None if none up to the step's window)."""
+def classify(read_s: np.ndarray, leave: int, step: int, t0: float, t1: float,
+             tol_s: float = 2.0, window: int = 5) -> tuple[str, int | None, float]:
+    """The kind of a skip whose text left the reference at answer token ``leave`` (audio time
+    ``t0``) and returns to it at token ``step`` (audio time ``t1``), from the read position
+    per answer token ``read_s`` (at the return: its median over ``step`` and the
+    ``window - 1`` tokens after); the read path's lead in tokens: ``step`` minus the first
+    token, from 30 before the step, from which the read position stays at ``t1 - tol_s`` or
+    later for three tokens (None if none up to the step's window); and the largest move
+    forward of the read path (median of 3) from ``leave - 1`` to the return's window."""
+    from kvsim.studies.alignment import median_filter
+
     at_return = float(np.median(read_s[step:step + window]))
     lead = None
     for k in range(max(0, step - 30), min(len(read_s), step + window)):
         if read_s[k:k + 3].min() >= t1 - tol_s:
             lead = step - k
             break
+    path = median_filter(read_s, 3)[max(0, leave - 1):step + window]
+    move = float(np.diff(path).max()) if len(path) > 1 else 0.0
     if abs(at_return - t1) <= tol_s:
-        return "read skipped too", lead
+        return ("read jumped too" if move >= (t1 - t0) / 2 else "read went through"), lead, move
     if at_return <= t0 + tol_s:
-        return "text only", lead
-    return "elsewhere", lead
+        return "text only", lead, move
+    return "elsewhere", lead, move
 
 
 def skip_rows(trace_path: Path, run_words: int = 10, tol_s: float = 2.0) -> list[dict]:
     """One row per skip of one trace."""
     from transformers import AutoTokenizer
 
-    from kvsim.studies.alignment import alignment, median_filter
+    from kvsim.studies.alignment import alignment
     from kvsim.trace.reader import Trace
 
     trace = Trace(trace_path)
@@ -168,11 +181,9 @@ def skip_rows(trace_path: Path, run_words: int = 10, tol_s: float = 2.0) -> list
         if skip.return_word is not None:
             step = starts[skip.return_word]
             t1 = float(t_start[skip.return_ref])
-            kind, lead = classify(read_s, step, t0, t1, tol_s)
-            path = median_filter(read_s, 3)[max(0, leave - 1):step + 5]
-            row.update(t1=t1, off_tokens=step - leave, lead=lead, kind=kind,
-                       return_read=float(np.median(read_s[step:step + 5])),
-                       largest_move=float(np.diff(path).max()) if len(path) > 1 else 0.0)
+            kind, lead, move = classify(read_s, leave, step, t0, t1, tol_s)
+            row.update(t1=t1, off_tokens=step - leave, lead=lead, kind=kind, largest_move=move,
+                       return_read=float(np.median(read_s[step:step + 5])))
         rows.append(row)
     return rows
 

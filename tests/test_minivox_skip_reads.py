@@ -56,13 +56,30 @@ def test_reference_words_split_as_the_wer_normalises_and_keep_times():
 def test_classify_reads_where_the_attention_was_at_the_texts_return():
     classify = _script().classify
     # reading in order at 1 s per token up to token 20 (20 s), stuck there while the text
-    # writes off the reference, then at 60 s from token 28; the text returns at token 30
+    # writes off the reference from token 21, then at 60 s from token 28; the text returns
+    # at token 30
     read = np.concatenate([np.arange(21.0), np.full(7, 20.0), np.arange(60.0, 65.0, 0.25)])
-    kind, lead = classify(read, 30, t0=20.0, t1=60.0)
-    assert kind == "read skipped too" and lead == 2
+    kind, lead, move = classify(read, 21, 30, t0=20.0, t1=60.0)
+    assert kind == "read jumped too" and lead == 2 and move == 40.0
+    # the reading moves through the passage at 5 s per token instead: no jump
+    through = np.concatenate([np.arange(21.0), np.arange(25.0, 60.0, 5.0), np.arange(60.0, 65.0, 0.25)])
+    kind, lead, move = classify(through, 21, 28, t0=20.0, t1=60.0)
+    assert kind == "read went through" and move == 5.0
     # the reading stays at 20 s: the text skipped alone
     stuck = np.concatenate([np.arange(21.0), np.full(30, 20.0)])
-    assert classify(stuck, 30, t0=20.0, t1=60.0) == ("text only", None)
+    assert classify(stuck, 21, 30, t0=20.0, t1=60.0)[:2] == ("text only", None)
     # the reading is somewhere else entirely
     lost = np.concatenate([np.arange(21.0), np.full(30, 40.0)])
-    assert classify(lost, 30, t0=20.0, t1=60.0)[0] == "elsewhere"
+    assert classify(lost, 21, 30, t0=20.0, t1=60.0)[0] == "elsewhere"
+
+
+def test_passages_with_the_same_return_are_one_skip():
+    find = _script().find_skips
+    # two deleted passages (w10-w21, w26-w35) with 4 words between them (two matched, two
+    # substituted) and no 3 matched words in a row until w36: one skip from the first's
+    # leave to w36
+    ref = [f"w{i}" for i in range(50)]
+    hyp = ref[:10] + ["w22", "q", "w24", "q"] + ref[36:]
+    (skip,) = find(ref, hyp, run_words=10, gap=1)
+    assert (skip.ref_start, skip.ref_end, skip.leave_word) == (10, 36, 10)
+    assert (skip.return_ref, skip.return_word) == (36, 14)
