@@ -56,13 +56,14 @@ LABELS = ("read jumped too", "read went through", "text only", "elsewhere", "at 
 @dataclass(frozen=True)
 class Skip:
     """A skipped passage of reference words ``[ref_start, ref_end)``. The text leaves the
-    reference before output word ``leave_word`` and returns to it at output word
-    ``return_word``, which matches reference word ``return_ref`` (both None when it does not
-    return)."""
+    reference before output word ``leave_word``, after matching reference word ``leave_ref``
+    (None: it matched none before), and returns to it at output word ``return_word``, which
+    matches reference word ``return_ref`` (both None when it does not return)."""
 
     ref_start: int
     ref_end: int
     leave_word: int
+    leave_ref: int | None
     return_word: int | None
     return_ref: int | None
 
@@ -101,7 +102,7 @@ def find_skips(ref: Sequence[str], hyp: Sequence[str], run_words: int = 10, gap:
     matched word, often a loop's ``and`` or ``the``, is not yet its place); passages with the
     same return are one skip (from the first's start and leave)."""
     if not hyp:
-        return [Skip(0, len(ref), 0, None, None)] if len(ref) >= run_words else []
+        return [Skip(0, len(ref), 0, None, None, None)] if len(ref) >= run_words else []
     chunks = jiwer.process_words(" ".join(ref), " ".join(hyp)).alignments[0]
     runs: list[list[int]] = []  # [ref_start, ref_end, deleted, reference words since]
     for chunk in chunks:
@@ -117,15 +118,16 @@ def find_skips(ref: Sequence[str], hyp: Sequence[str], run_words: int = 10, gap:
     for start, end, deleted, _ in runs:
         if deleted < run_words:
             continue
-        leave = max((c.hyp_end_idx for c in chunks
-                     if c.type == "equal" and c.ref_end_idx <= start), default=0)
+        left = [c for c in chunks if c.type == "equal" and c.ref_end_idx <= start]
         back = next((c for c in chunks if c.type == "equal" and c.ref_start_idx >= end
                      and c.ref_end_idx - c.ref_start_idx >= resume_words), None)
-        skip = Skip(start, end, leave, *((back.hyp_start_idx, back.ref_start_idx)
-                                         if back else (None, None)))
+        skip = Skip(start, end, left[-1].hyp_end_idx if left else 0,
+                    left[-1].ref_end_idx - 1 if left else None,
+                    *((back.hyp_start_idx, back.ref_start_idx) if back else (None, None)))
         if skips and skips[-1].return_ref == skip.return_ref:  # one episode: merged
             first = skips.pop()
-            skip = Skip(first.ref_start, end, first.leave_word, skip.return_word, skip.return_ref)
+            skip = Skip(first.ref_start, end, first.leave_word, first.leave_ref,
+                        skip.return_word, skip.return_ref)
         skips.append(skip)
     return skips
 
@@ -173,7 +175,7 @@ def skip_rows(trace_path: Path, run_words: int = 10, tol_s: float = 2.0) -> list
     read_s = alignment(trace, smooth=1).path["peak_s"].to_numpy()
     rows = []
     for skip in find_skips(ref, [w for w in normalize(tokenizer.decode(ids)).split()], run_words):
-        t0 = float(t_end[skip.ref_start - 1]) if skip.ref_start else 0.0
+        t0 = 0.0 if skip.leave_ref is None else float(t_end[skip.leave_ref])
         leave = starts[skip.leave_word] if skip.leave_word < len(starts) else len(read_s)
         row = {"trace": trace_path.stem, "words": skip.ref_end - skip.ref_start, "t0": t0,
                "t1": None, "leave_read": float(np.median(read_s[max(0, leave - 5):leave]))

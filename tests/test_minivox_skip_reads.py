@@ -22,7 +22,7 @@ def test_a_skip_with_a_loop_inside_is_one_passage_left_and_returned_at_matched_w
     hyp = WORDS[:10] + ["and", "x"] + WORDS[30:]
     (skip,) = find(ref, hyp, run_words=10)
     assert (skip.ref_start, skip.ref_end) == (10, 30)
-    assert skip.leave_word == 10  # the text leaves after its 10th word
+    assert (skip.leave_word, skip.leave_ref) == (10, 9)  # the text leaves after w9
     assert (skip.return_word, skip.return_ref) == (12, 30)  # and returns at w30
     # with the joining gap below what lies between the deletions: two passages, one a skip
     assert [(s.ref_start, s.ref_end) for s in find(ref, hyp, run_words=10, gap=1)] == [(14, 30)]
@@ -34,6 +34,9 @@ def test_short_deletions_and_a_skip_to_the_end_are_told_apart():
     assert find(ref, WORDS[:5] + WORDS[8:], run_words=10) == []  # 3 words: no skip
     (tail,) = find(ref, WORDS[:20], run_words=10)  # stops after w19
     assert (tail.ref_start, tail.ref_end, tail.return_word, tail.return_ref) == (20, 40, None, None)
+    # a wrong word between the last matched one and the passage: the text left after w4
+    (skip,) = find(ref, WORDS[:5] + ["z"] + WORDS[20:], run_words=10)
+    assert (skip.ref_start, skip.ref_end, skip.leave_word, skip.leave_ref) == (6, 20, 5, 4)
     # a single matched word after the passage is not a return; three are
     (skip,) = find(ref, WORDS[:10] + ["w25"] + ["y"] * 3 + WORDS[33:], run_words=10)
     assert skip.return_ref == 33
@@ -81,5 +84,5 @@ def test_passages_with_the_same_return_are_one_skip():
     ref = [f"w{i}" for i in range(50)]
     hyp = ref[:10] + ["w22", "q", "w24", "q"] + ref[36:]
     (skip,) = find(ref, hyp, run_words=10, gap=1)
-    assert (skip.ref_start, skip.ref_end, skip.leave_word) == (10, 36, 10)
+    assert (skip.ref_start, skip.ref_end, skip.leave_word, skip.leave_ref) == (10, 36, 10, 9)
     assert (skip.return_ref, skip.return_word) == (36, 14)
