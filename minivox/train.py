@@ -42,6 +42,7 @@ from .data import parse_shard, read_manifest
 from .guided import AttentionProbe, GuideTargets, guided_loss, target_spans
 from .lora import add_lora, load_lora_state, lora_state
 from .scheduled import mixed_batch
+from .wrong_passages import wrong_passage_batch
 
 
 @dataclass
@@ -91,6 +92,11 @@ class TrainConfig:
     # parallel scheduled sampling (kvsim.minivox.scheduled): share of the transcript's input
     # tokens replaced by the model's own teacher-forced greedy predictions (0: teacher forcing)
     sampled_share: float = 0.0
+    # wrong passages (kvsim.minivox.wrong_passages): share of the transcript's input tokens
+    # replaced, in blocks of wrong_length tokens, by distant stretches of the same transcript,
+    # labels and guided targets kept (0: teacher forcing)
+    wrong_share: float = 0.0
+    wrong_length: int = 16
 
 
 def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
@@ -440,7 +446,8 @@ def train_step(model, proc, rows: list[dict], cache_dir: Path, cfg: TrainConfig,
                sub_batch: int = 0) -> StepResult:
     """Forward, backward (gradients averaged over the ranks), clip to norm 1, step; with
     ``cfg.sampled_share`` the inputs are mixed first (scheduled sampling, drawn from
-    ``(seed, sub_batch)``)."""
+    ``(seed, sub_batch)``), and with ``cfg.wrong_share`` blocks of them replaced by wrong
+    passages (:mod:`kvsim.minivox.wrong_passages`)."""
     t_step = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
         batch = make_batch(model, proc, rows, cache_dir,
@@ -448,6 +455,9 @@ def train_step(model, proc, rows: list[dict], cache_dir: Path, cfg: TrainConfig,
         if cfg.sampled_share > 0:
             draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + sub_batch)
             batch = mixed_batch(model, batch, cfg.sampled_share, draw)
+        if cfg.wrong_share > 0:
+            draw = torch.Generator().manual_seed(cfg.seed * 1_000_033 + sub_batch)
+            batch = wrong_passage_batch(model, batch, cfg.wrong_share, cfg.wrong_length, draw)
         t_fwd = time.perf_counter()
         loss, guided = loss_fn(model, batch, probe, cfg.align_weight)
     opt.zero_grad(set_to_none=True)
@@ -484,6 +494,9 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     speeds = parse_factors(cfg.speed_perturb)  # a bad spec fails before the model loads
     if not 0.0 <= cfg.sampled_share <= 1.0:
         raise ValueError(f"--sampled-share {cfg.sampled_share}: a share, from 0 to 1")
+    if not 0.0 <= cfg.wrong_share <= 1.0 or cfg.wrong_length < 1:
+        raise ValueError(f"--wrong-share {cfg.wrong_share} / --wrong-length {cfg.wrong_length}: "
+                         "a share from 0 to 1 and a length of at least one token")
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     world, rank = data_parallel()
