@@ -158,6 +158,27 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def parse_clips(text: str) -> slice:
+    """``"lo:hi"`` -> ``slice(lo, hi)``, for ``--clips`` options (a run of a split's rows)."""
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LO:HI, e.g. 0:8") from None
+    if not 0 <= lo < hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= LO < HI")
+    return slice(lo, hi)
+
+
+def add_clip_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of a script that studies an adapter on a run of a split's clips:
+    ``ADAPTER --data DIR --split S --clips LO:HI``."""
+    ap.add_argument("adapter", type=Path)
+    ap.add_argument("--data", type=Path, default=Path("data/minivox"))
+    ap.add_argument("--split", default="test_long")
+    ap.add_argument("--clips", type=parse_clips, default=slice(0, 8),
+                    help="LO:HI, a slice of the split's clips")
+
+
 def load_fortunes(root: Path = FORTUNE_DIR) -> list[str]:
     """All cleaned, deduplicated fortunes, in a stable order."""
     if not root.is_dir():

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from kvsim.minivox import load_minivox, minivox_dir
-from kvsim.minivox.data import read_manifest
+from kvsim.minivox.data import add_clip_arguments, read_manifest
 from kvsim.minivox.guided import TOKENS_PER_SECOND, AttentionProbe, GuideTargets, target_spans
 from kvsim.minivox.train import make_batch, part_encodings
 
@@ -126,10 +126,7 @@ def compare(model, proc, row: dict, other: dict, cache: Path, at: float, n_words
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("adapter", type=Path)
-    ap.add_argument("--data", type=Path, default=Path("data/minivox"))
-    ap.add_argument("--split", default="test_long")
-    ap.add_argument("--clips", default="0:8", help="LO:HI, a slice of the split's clips")
+    add_clip_arguments(ap)
     ap.add_argument("--at", type=float, default=0.4)
     ap.add_argument("--words", type=int, default=15)
     ap.add_argument("--tokens", type=int, default=40)
@@ -141,11 +138,10 @@ def main() -> None:
     model, proc = load_minivox(minivox_dir(args.adapter))
     model.eval()
     rows = read_manifest(args.data, args.split).to_dicts()
-    lo, hi = (int(x) for x in args.clips.split(":"))
     results = []
     print("clip\tafter the passage: read error true / wrong (s)\tin word true / wrong"
           "\tloss true / wrong (nats)\tduring the wrong passage: reads in its audio / ahead / behind")
-    for i in range(lo, hi):
+    for i in range(*args.clips.indices(len(rows))):
         r = compare(model, proc, rows[i], rows[(i + 1) % len(rows)], args.data / "enc_cache",
                     args.at, args.words, args.tokens, layers)
         results.append(r)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from kvsim.minivox import load_minivox, minivox_dir
-from kvsim.minivox.data import read_manifest
+from kvsim.minivox.data import add_clip_arguments, read_manifest
 from kvsim.minivox.train import make_batch, scored_logits
 
 
@@ -33,18 +33,14 @@ def token_losses(model, proc, row: dict, cache: Path) -> np.ndarray:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("adapter", type=Path)
-    ap.add_argument("--data", type=Path, default=Path("data/minivox"))
-    ap.add_argument("--split", default="test_long")
-    ap.add_argument("--clips", default="0:8", help="LO:HI, a slice of the split's clips")
+    add_clip_arguments(ap)
     ap.add_argument("--parts", type=int, default=5)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    lo, hi = (int(x) for x in args.clips.split(":"))
     model, proc = load_minivox(minivox_dir(args.adapter))
     model.eval()
     means = []
-    for row in read_manifest(args.data, args.split).to_dicts()[lo:hi]:
+    for row in read_manifest(args.data, args.split).to_dicts()[args.clips]:
         ce = token_losses(model, proc, row, args.data / "enc_cache")
         means.append([part.mean() for part in np.array_split(ce, args.parts)])
         print(f"{row['id']}\t{row['duration']:.0f} s\t{ce.size} tokens\t"

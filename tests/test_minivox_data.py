@@ -134,3 +134,14 @@ def test_growing_a_split_keeps_its_earlier_clips(tmp_path):
     for rel in frames[2]["audio_path"]:
         assert np.array_equal(sf.read(tmp_path / "2" / rel)[0], sf.read(tmp_path / "3" / rel)[0])
     assert frames[3]["text"][2] not in set(frames[2]["text"])
+
+
+def test_clip_ranges_parse_or_fail_in_one_line():
+    import argparse
+
+    from kvsim.minivox.data import parse_clips
+
+    assert parse_clips("8:16") == slice(8, 16)
+    for bad in ("3", "a:b", "5:5", "-1:4"):
+        with pytest.raises(argparse.ArgumentTypeError, match="LO"):
+            parse_clips(bad)
