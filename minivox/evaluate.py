@@ -7,8 +7,9 @@ Usage::
 
 Prints per-clip WER, decode ms/token and per-split corpus WER. Decoding is greedy, as in the
 paper's evaluation; ``--no-repeat-ngram N`` (off by default) is an experiment, not the
-protocol: greedy decoding that never writes an n-gram of N words-pieces twice (Hugging Face's
-``no_repeat_ngram_size``), which cannot loop.
+protocol: greedy decoding that never writes an n-gram of N tokens twice (Hugging Face's
+``no_repeat_ngram_size``), so it cannot repeat itself token for token (minivox's loops then
+come back as paraphrases: docs/minivox.md, "Where the long-form errors are").
 """
 
 from __future__ import annotations
