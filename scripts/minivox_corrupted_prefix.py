@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from kvsim.minivox import load_minivox, minivox_dir
 from kvsim.minivox.data import add_clip_arguments, read_manifest
 from kvsim.minivox.guided import TOKENS_PER_SECOND, AttentionProbe, GuideTargets, target_spans
-from kvsim.minivox.train import make_batch, part_encodings
+from kvsim.minivox.train import make_batch, part_encodings, scored_logits
 
 
 def corrupted_text(text: str, other: str, at: float, n_words: int) -> tuple[str, int]:
@@ -57,37 +57,28 @@ def suffix_tokens(tokenizer, text: str, n_words_before: int) -> int:
 
 
 @torch.no_grad()
-def reads(model, proc, row: dict, cache: Path, layers: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Per transcript token: the attention peak of ``layers`` (audio tokens) and the
-    teacher-forced cross-entropy."""
+def reads(model, proc, row: dict, cache: Path, layers: list[int],
+          audio: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Per transcript token: the attention peak of ``layers`` over the audio at sequence
+    positions ``audio`` (audio tokens) and the teacher-forced cross-entropy."""
     batch = make_batch(model, proc, [row], cache)
     probe = AttentionProbe(model.model.language_model, layers)
     with probe.capture():
-        out = model.model.language_model(inputs_embeds=batch.embeds, attention_mask=batch.mask,
-                                         use_cache=False)
+        logits = scored_logits(model, batch)
     scored = batch.labels[0] != -100
-    logits = model.lm_head(out.last_hidden_state[0, scored])
     loss = F.cross_entropy(logits.float(), batch.labels[0, scored], reduction="none").numpy()
     queries = torch.nonzero(scored).flatten()[:-1]  # the transcript tokens (end token left out)
-    audio = torch.nonzero(prompt_and_text_ids(model, proc, row, cache)
-                          == model.config.audio_token_id).flatten()
     target = GuideTargets(queries, audio, torch.zeros((len(queries), 2), dtype=torch.long))
     att = torch.stack([probe.audio_attention(layer, 0, target) for layer in layers]).mean(0)
     return att.argmax(-1).numpy(), loss[:-1]
 
 
-def audio_tokens(model, proc, row: dict, cache: Path) -> list[int]:
-    """Audio tokens of each part of ``row`` (its encoder windows' frames / 4)."""
-    return [e.shape[0] // 4 for e in part_encodings(model, proc, row, cache)]
-
-
-def prompt_and_text_ids(model, proc, row: dict, cache: Path) -> torch.Tensor:
-    """The token ids of the prompt and transcript of ``row`` (audio placeholders included), as
-    :func:`kvsim.minivox.train.make_batch` lays them out."""
-    tok = proc.tokenizer
-    n_audio = sum(audio_tokens(model, proc, row, cache))
-    prompt = tok(proc.transcription_prompt(n_audio), add_special_tokens=False)["input_ids"]
-    return torch.tensor(prompt + tok(row["text"], add_special_tokens=False)["input_ids"])
+def audio_positions(model, proc, n_audio: int) -> torch.Tensor:
+    """Sequence positions of the audio tokens in the transcription prompt of ``n_audio`` of
+    them (the prompt precedes the transcript, as :func:`kvsim.minivox.train.make_batch` lays
+    them out)."""
+    prompt = proc.tokenizer(proc.transcription_prompt(n_audio), add_special_tokens=False)["input_ids"]
+    return torch.nonzero(torch.tensor(prompt) == model.config.audio_token_id).flatten()
 
 
 def read_error_s(peak: np.ndarray, spans: np.ndarray) -> np.ndarray:
@@ -109,11 +100,13 @@ def compare(model, proc, row: dict, other: dict, cache: Path, at: float, n_words
     true_ids, wrong_ids = (tok(t, add_special_tokens=False)["input_ids"] for t in (row["text"], text))
     if true_ids[-n_suffix:] != wrong_ids[-n_suffix:] or true_ids[:n_prefix] != wrong_ids[:n_prefix]:
         raise ValueError(f"{row['id']}: the words around the replaced ones tokenize differently")
-    spans = target_spans(tok, row, audio_tokens(model, proc, row, cache), margin_s=0.0)
+    part_tokens = [e.shape[0] // 4 for e in part_encodings(model, proc, row, cache)]
+    audio = audio_positions(model, proc, sum(part_tokens))
+    spans = target_spans(tok, row, part_tokens, margin_s=0.0)
     replaced = spans[n_prefix:len(spans) - n_suffix]  # the true passage's words in the audio
     out = {}
     for name, r in (("true", row), ("wrong", {**row, "text": text})):
-        peak, loss = reads(model, proc, r, cache, layers)
+        peak, loss = reads(model, proc, r, cache, layers, audio)
         out[f"{name}_error_s"] = read_error_s(peak[-n_suffix:][:n_tokens], spans[-n_suffix:][:n_tokens])
         out[f"{name}_loss"] = loss[-n_suffix:][:n_tokens]
         if name == "wrong":

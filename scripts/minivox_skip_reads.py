@@ -174,7 +174,7 @@ def skip_rows(trace_path: Path, run_words: int = 10, tol_s: float = 2.0) -> list
     starts = first_tokens(ids, lambda x: tokenizer.decode(x, skip_special_tokens=True))
     read_s = alignment(trace, smooth=1).path["peak_s"].to_numpy()
     rows = []
-    for skip in find_skips(ref, [w for w in normalize(tokenizer.decode(ids)).split()], run_words):
+    for skip in find_skips(ref, normalize(tokenizer.decode(ids)).split(), run_words):
         t0 = 0.0 if skip.leave_ref is None else float(t_end[skip.leave_ref])
         leave = starts[skip.leave_word] if skip.leave_word < len(starts) else len(read_s)
         row = {"trace": trace_path.stem, "words": skip.ref_end - skip.ref_start, "t0": t0,
