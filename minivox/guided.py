@@ -125,6 +125,8 @@ class GuideTargets:
     query_positions: torch.Tensor  #: (R,) sequence positions of the queries that predict tokens
     audio_positions: torch.Tensor  #: (A,) sequence positions of the audio tokens, in order
     spans: torch.Tensor  #: (R, 2) audio-token interval [lo, hi) per query (indices into A)
+    #: (R,) weight of each query's term (None: all 1); the loss stays a mean over the R queries
+    weights: torch.Tensor | None = None
 
 
 class AttentionProbe:
@@ -186,17 +188,22 @@ class AttentionProbe:
             return logits.softmax(-1)[0].mean(0)
 
 
-def span_loss(prob: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
-    """Mean ``-log`` of the attention mass inside each row's span: ``prob`` (R, A), spans (R, 2)."""
+def span_loss(prob: torch.Tensor, spans: torch.Tensor,
+              weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean ``-log`` of the attention mass inside each row's span: ``prob`` (R, A), spans (R, 2);
+    with ``weights`` (R,) each row's term is multiplied by its weight before the mean over R."""
     cols = torch.arange(prob.shape[1], device=prob.device)
     inside = (cols >= spans[:, :1]) & (cols < spans[:, 1:])
     mass = (prob * inside).sum(-1)
-    return -torch.log(mass.clamp_min(torch.finfo(prob.dtype).tiny)).mean()
+    per_row = -torch.log(mass.clamp_min(torch.finfo(prob.dtype).tiny))
+    if weights is not None:
+        per_row = per_row * weights.to(per_row.dtype)
+    return per_row.mean()
 
 
 def guided_loss(probe: AttentionProbe, targets: Sequence[GuideTargets | None]) -> torch.Tensor:
     """:func:`span_loss` averaged over the probe's layers and the batch rows that have targets."""
-    losses = [span_loss(probe.audio_attention(layer, i, t), t.spans)
+    losses = [span_loss(probe.audio_attention(layer, i, t), t.spans, t.weights)
               for layer in probe.attn for i, t in enumerate(targets)
               if t is not None and len(t.query_positions)]
     if not losses:

@@ -42,7 +42,7 @@ from .data import parse_shard, read_manifest
 from .guided import AttentionProbe, GuideTargets, guided_loss, target_spans
 from .lora import add_lora, load_lora_state, lora_state
 from .scheduled import mixed_batch
-from .wrong_passages import wrong_passage_batch
+from .wrong_passages import SOURCES, text_pool, wrong_passage_batch
 
 
 @dataclass
@@ -97,6 +97,14 @@ class TrainConfig:
     # labels and guided targets kept (0: teacher forcing)
     wrong_share: float = 0.0
     wrong_length: int = 16
+    # where the wrong blocks come from: "same" (a distant stretch of the same transcript) or
+    # "other" (a stretch of other training transcripts: text never spoken in the clip)
+    wrong_source: str = "same"
+    # weight of the guided loss on the queries at a wrong block and the wrong_length after it
+    wrong_guide_weight: float = 1.0
+    # steps over which sampled_share and wrong_share rise linearly from 0 (0: at full share
+    # from the first step)
+    augment_ramp: int = 0
 
 
 def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
@@ -441,23 +449,32 @@ class StepResult:
     seconds: dict[str, float]
 
 
+def ramp_factor(step: int, ramp_steps: int) -> float:
+    """The share of the final augmentation share at 0-based ``step``: ``(step + 1) / ramp_steps``
+    up to 1 (1 throughout without a ramp)."""
+    return 1.0 if ramp_steps <= 0 else min(1.0, (step + 1) / ramp_steps)
+
+
 def train_step(model, proc, rows: list[dict], cache_dir: Path, cfg: TrainConfig, opt, sched,
                params: list, probe: AttentionProbe | None, world: int, t0: float,
-               sub_batch: int = 0) -> StepResult:
+               sub_batch: int = 0, pool: torch.Tensor | None = None) -> StepResult:
     """Forward, backward (gradients averaged over the ranks), clip to norm 1, step; with
     ``cfg.sampled_share`` the inputs are mixed first (scheduled sampling, drawn from
     ``(seed, sub_batch)``), and with ``cfg.wrong_share`` blocks of them replaced by wrong
-    passages (:mod:`kvsim.minivox.wrong_passages`)."""
+    passages (:mod:`kvsim.minivox.wrong_passages`; cut from ``pool`` when given); both shares
+    ramp up from 0 over ``cfg.augment_ramp`` steps (:func:`ramp_factor`)."""
     t_step = time.perf_counter()
+    ramp = ramp_factor(sub_batch // world, cfg.augment_ramp)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
         batch = make_batch(model, proc, rows, cache_dir,
                            cfg.align_margin if probe is not None else None, cfg.align_end)
         if cfg.sampled_share > 0:
             draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + sub_batch)
-            batch = mixed_batch(model, batch, cfg.sampled_share, draw)
+            batch = mixed_batch(model, batch, cfg.sampled_share * ramp, draw)
         if cfg.wrong_share > 0:
             draw = torch.Generator().manual_seed(cfg.seed * 1_000_033 + sub_batch)
-            batch = wrong_passage_batch(model, batch, cfg.wrong_share, cfg.wrong_length, draw)
+            batch = wrong_passage_batch(model, batch, cfg.wrong_share * ramp, cfg.wrong_length,
+                                        draw, pool, cfg.wrong_guide_weight)
         t_fwd = time.perf_counter()
         loss, guided = loss_fn(model, batch, probe, cfg.align_weight)
     opt.zero_grad(set_to_none=True)
@@ -497,6 +514,10 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     if not 0.0 <= cfg.wrong_share <= 1.0 or cfg.wrong_length < 1:
         raise ValueError(f"--wrong-share {cfg.wrong_share} / --wrong-length {cfg.wrong_length}: "
                          "a share from 0 to 1 and a length of at least one token")
+    if cfg.wrong_source not in SOURCES or cfg.wrong_guide_weight < 0 or cfg.augment_ramp < 0:
+        raise ValueError(f"--wrong-source {cfg.wrong_source!r} / --wrong-guide-weight "
+                         f"{cfg.wrong_guide_weight} / --augment-ramp {cfg.augment_ramp}: one of "
+                         f"{', '.join(SOURCES)}, a weight >= 0 and a step count >= 0")
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     world, rank = data_parallel()
@@ -523,6 +544,9 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     probe = (AttentionProbe(model.model.language_model,
                             [int(x) for x in cfg.align_layers.split(",")])
              if cfg.align_weight > 0 or cfg.align_log else None)
+    pool = (text_pool(proc.tokenizer, [r["text"] for r in train_rows],
+                      torch.Generator().manual_seed(cfg.seed))
+            if cfg.wrong_share > 0 and cfg.wrong_source == "other" else None)
     log = (run / "log.jsonl").open("a") if lead else None
     t0 = time.time()
     model.train()
@@ -534,7 +558,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
         rows = perturb_rows(batch_rows(sub_batch, cfg, train_rows, long_rows, longform_rows),
                             speeds, cfg.seed, sub_batch)
         res = train_step(model, proc, rows, cache_dir, cfg, opt, sched, proj + lora, probe,
-                         world, t0, sub_batch)
+                         world, t0, sub_batch, pool)
         step += 1
         ema = res.loss if ema is None else 0.9 * ema + 0.1 * res.loss
         bar.update(1)

@@ -152,6 +152,17 @@ def test_span_loss_values() -> None:
     assert abs(float(span_loss(peaked, spans)) - want) < 1e-12
 
 
+def test_span_loss_weights_scale_each_term_and_keep_the_mean_over_rows() -> None:
+    a = 10
+    uniform = torch.full((3, a), 1.0 / a, dtype=torch.float64)
+    spans = torch.tensor([[0, 2], [3, 8], [9, 10]])
+    weights = torch.tensor([1.0, 3.0, 0.0])
+    want = (np.log(a / 2) + 3 * np.log(a / 5)) / 3  # divided by the 3 rows, not by sum(w)
+    assert abs(float(span_loss(uniform, spans, weights)) - want) < 1e-14
+    ones = torch.ones(3)
+    assert float(span_loss(uniform, spans, ones)) == float(span_loss(uniform, spans))
+
+
 def test_guided_loss_trains_attention_into_the_spans() -> None:
     """A few steps on the guided loss alone (in float32, as in training) move the guided
     layer's audio attention into each query's span: the loss falls and the in-span mass rises."""
