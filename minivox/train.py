@@ -494,6 +494,20 @@ def train_step(model, proc, rows: list[dict], cache_dir: Path, cfg: TrainConfig,
                        "s_bwd": t_opt - t_bwd, "s_opt": t_end - t_opt})
 
 
+def check_augmentation(cfg: TrainConfig) -> None:
+    """Raise ValueError, naming the options, for scheduled-sampling or wrong-passage settings
+    out of range (before the model loads)."""
+    if not 0.0 <= cfg.sampled_share <= 1.0:
+        raise ValueError(f"--sampled-share {cfg.sampled_share}: a share, from 0 to 1")
+    if not 0.0 <= cfg.wrong_share <= 1.0 or cfg.wrong_length < 1:
+        raise ValueError(f"--wrong-share {cfg.wrong_share} / --wrong-length {cfg.wrong_length}: "
+                         "a share from 0 to 1 and a length of at least one token")
+    if cfg.wrong_source not in SOURCES or cfg.wrong_guide_weight < 0 or cfg.augment_ramp < 0:
+        raise ValueError(f"--wrong-source {cfg.wrong_source!r} / --wrong-guide-weight "
+                         f"{cfg.wrong_guide_weight} / --augment-ramp {cfg.augment_ramp}: one of "
+                         f"{', '.join(SOURCES)}, a weight >= 0 and a step count >= 0")
+
+
 def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
           init_projector: Path | None = None, init_adapter: Path | None = None) -> None:
     """Stage 2: projector + LoRA, end to end on the transcription loss.
@@ -509,15 +523,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     gradients.
     """
     speeds = parse_factors(cfg.speed_perturb)  # a bad spec fails before the model loads
-    if not 0.0 <= cfg.sampled_share <= 1.0:
-        raise ValueError(f"--sampled-share {cfg.sampled_share}: a share, from 0 to 1")
-    if not 0.0 <= cfg.wrong_share <= 1.0 or cfg.wrong_length < 1:
-        raise ValueError(f"--wrong-share {cfg.wrong_share} / --wrong-length {cfg.wrong_length}: "
-                         "a share from 0 to 1 and a length of at least one token")
-    if cfg.wrong_source not in SOURCES or cfg.wrong_guide_weight < 0 or cfg.augment_ramp < 0:
-        raise ValueError(f"--wrong-source {cfg.wrong_source!r} / --wrong-guide-weight "
-                         f"{cfg.wrong_guide_weight} / --augment-ramp {cfg.augment_ramp}: one of "
-                         f"{', '.join(SOURCES)}, a weight >= 0 and a step count >= 0")
+    check_augmentation(cfg)
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     world, rank = data_parallel()

@@ -131,9 +131,10 @@ def wrong_passage_batch(model, batch: Batch, share: float, length: int,
                 cut = int(torch.randint(len(pool) - length + 1, (1,), generator=generator))
                 wrong = pool[cut:cut + length]
             embeds[row, positions[start:start + length]] = table(wrong).to(embeds.dtype)
-            first = int(positions[start])
-            affected.append(torch.arange(first, first + 2 * length))
-        if guides is not None and affected:
+            if reweigh:
+                first = int(positions[start])
+                affected.append(torch.arange(first, first + 2 * length))
+        if affected:
             guides[row] = weighted_guides(guides[row], torch.cat(affected), guide_weight)
     if embeds is None:
         return batch
