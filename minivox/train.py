@@ -105,6 +105,9 @@ class TrainConfig:
     # steps over which sampled_share and wrong_share rise linearly from 0 (0: at full share
     # from the first step)
     augment_ramp: int = 0
+    # the data order starts this many steps in (the lr schedule still starts at step 0): a run
+    # continued from a kept adapter with the same seed hears the clips its first run did not
+    data_offset: int = 0
 
 
 def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
@@ -142,6 +145,13 @@ def part_encodings(model, proc, row: dict, cache_dir: Path) -> list[torch.Tensor
 def example_encoding(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
     """Encoder output of a manifest row, or of a :func:`joined_row` (windows concatenated)."""
     return torch.cat(part_encodings(model, proc, row, cache_dir))
+
+
+def data_step(step: int, cfg: TrainConfig, world: int = 1, rank: int = 0) -> int:
+    """The index into the data order of ``rank``'s batch at optimiser step ``step``: the
+    batches, their speeds and their augmentation draws are functions of it; ``data_offset``
+    shifts it (a continued run hears what its first run did not)."""
+    return (step + cfg.data_offset) * world + rank
 
 
 def batch_rows(step: int, cfg: TrainConfig, train_rows: list[dict],
@@ -464,7 +474,7 @@ def train_step(model, proc, rows: list[dict], cache_dir: Path, cfg: TrainConfig,
     passages (:mod:`kvsim.minivox.wrong_passages`; cut from ``pool`` when given); both shares
     ramp up from 0 over ``cfg.augment_ramp`` steps (:func:`ramp_factor`)."""
     t_step = time.perf_counter()
-    ramp = ramp_factor(sub_batch // world, cfg.augment_ramp)
+    ramp = ramp_factor(sub_batch // world - cfg.data_offset, cfg.augment_ramp)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
         batch = make_batch(model, proc, rows, cache_dir,
                            cfg.align_margin if probe is not None else None, cfg.align_end)
@@ -506,6 +516,8 @@ def check_augmentation(cfg: TrainConfig) -> None:
         raise ValueError(f"--wrong-source {cfg.wrong_source!r} / --wrong-guide-weight "
                          f"{cfg.wrong_guide_weight} / --augment-ramp {cfg.augment_ramp}: one of "
                          f"{', '.join(SOURCES)}, a weight >= 0 and a step count >= 0")
+    if cfg.data_offset < 0:
+        raise ValueError(f"--data-offset {cfg.data_offset}: a step count >= 0")
 
 
 def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
@@ -560,7 +572,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     ema = None
     end = min(cfg.stop_step or cfg.steps, cfg.steps)
     while step < end:
-        sub_batch = step * world + rank
+        sub_batch = data_step(step, cfg, world, rank)
         rows = perturb_rows(batch_rows(sub_batch, cfg, train_rows, long_rows, longform_rows),
                             speeds, cfg.seed, sub_batch)
         res = train_step(model, proc, rows, cache_dir, cfg, opt, sched, proj + lora, probe,

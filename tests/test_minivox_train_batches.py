@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pytest
 
-from kvsim.minivox.train import TrainConfig, batch_rows, joined_row
+from kvsim.minivox.train import TrainConfig, batch_rows, check_augmentation, data_step, joined_row
 
 TRAIN = [{"id": f"train-{i:05d}", "text": f"short {i}"} for i in range(40)]
 LONG = [{"id": f"train_long-{i:05d}", "text": f"long {i}"} for i in range(12)]
@@ -126,3 +127,16 @@ def test_data_parallel_averages_gradients_and_scalars(tmp_path) -> None:
         assert torch.equal(r["b"], torch.full((2, 2), 2.0))  # (0 + 4) / 2
         assert r["loss"] == 15.0
         assert r["flag"] == 0.5  # one rank out of time: every rank sees > 0 and stops
+
+
+def test_data_offset_continues_the_data_order_where_a_run_stopped() -> None:
+    first = TrainConfig(batch=4, p_long=0.0, p_concat=0.5, longform_split="train_longform", seed=3)
+    later = TrainConfig(**{**first.__dict__, "data_offset": 5})
+    assert [data_step(s, later) for s in range(3)] == [5, 6, 7]
+    assert data_step(2, later, world=2, rank=1) == 15  # (2 + 5) * 2 + 1
+    heard = [r["id"] for s in range(5) for r in batch_rows(data_step(s, first), first, TRAIN, [], FORM)]
+    then = [r["id"] for s in range(5) for r in batch_rows(data_step(s, later), later, TRAIN, [], FORM)]
+    assert then == [r["id"] for s in range(5, 10) for r in batch_rows(s, first, TRAIN, [], FORM)]
+    assert then != heard
+    with pytest.raises(ValueError, match="--data-offset -1"):
+        check_augmentation(TrainConfig(data_offset=-1))
