@@ -154,6 +154,12 @@ def data_step(step: int, cfg: TrainConfig, world: int = 1, rank: int = 0) -> int
     return (step + cfg.data_offset) * world + rank
 
 
+def optimiser_step(sub_batch: int, cfg: TrainConfig, world: int = 1) -> int:
+    """The optimiser step of data index ``sub_batch`` (:func:`data_step`'s inverse): what the
+    learning-rate and augmentation ramps count from 0."""
+    return sub_batch // world - cfg.data_offset
+
+
 def batch_rows(step: int, cfg: TrainConfig, train_rows: list[dict],
                long_rows: list[dict], longform_rows: Sequence[dict] = ()) -> list[dict]:
     """The manifest rows of training step ``step``, a deterministic function of the seed.
@@ -474,7 +480,7 @@ def train_step(model, proc, rows: list[dict], cache_dir: Path, cfg: TrainConfig,
     passages (:mod:`kvsim.minivox.wrong_passages`; cut from ``pool`` when given); both shares
     ramp up from 0 over ``cfg.augment_ramp`` steps (:func:`ramp_factor`)."""
     t_step = time.perf_counter()
-    ramp = ramp_factor(sub_batch // world - cfg.data_offset, cfg.augment_ramp)
+    ramp = ramp_factor(optimiser_step(sub_batch, cfg, world), cfg.augment_ramp)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
         batch = make_batch(model, proc, rows, cache_dir,
                            cfg.align_margin if probe is not None else None, cfg.align_end)

@@ -7,7 +7,14 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from kvsim.minivox.train import TrainConfig, batch_rows, check_augmentation, data_step, joined_row
+from kvsim.minivox.train import (
+    TrainConfig,
+    batch_rows,
+    check_augmentation,
+    data_step,
+    joined_row,
+    optimiser_step,
+)
 
 TRAIN = [{"id": f"train-{i:05d}", "text": f"short {i}"} for i in range(40)]
 LONG = [{"id": f"train_long-{i:05d}", "text": f"long {i}"} for i in range(12)]
@@ -134,6 +141,9 @@ def test_data_offset_continues_the_data_order_where_a_run_stopped() -> None:
     later = TrainConfig(**{**first.__dict__, "data_offset": 5})
     assert [data_step(s, later) for s in range(3)] == [5, 6, 7]
     assert data_step(2, later, world=2, rank=1) == 15  # (2 + 5) * 2 + 1
+    # the ramps count optimiser steps from 0 whatever the offset
+    assert all(optimiser_step(data_step(s, later, 2, r), later, 2) == s
+               for s in range(4) for r in range(2))
     heard = [r["id"] for s in range(5) for r in batch_rows(data_step(s, first), first, TRAIN, [], FORM)]
     then = [r["id"] for s in range(5) for r in batch_rows(data_step(s, later), later, TRAIN, [], FORM)]
     assert then == [r["id"] for s in range(5, 10) for r in batch_rows(s, first, TRAIN, [], FORM)]
