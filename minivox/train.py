@@ -510,9 +510,9 @@ def train_step(model, proc, rows: list[dict], cache_dir: Path, cfg: TrainConfig,
                        "s_bwd": t_opt - t_bwd, "s_opt": t_end - t_opt})
 
 
-def check_augmentation(cfg: TrainConfig) -> None:
-    """Raise ValueError, naming the options, for scheduled-sampling or wrong-passage settings
-    out of range (before the model loads)."""
+def check_training_options(cfg: TrainConfig) -> None:
+    """Raise ValueError, naming the options, for scheduled-sampling, wrong-passage or
+    data-order settings out of range (before the model loads)."""
     if not 0.0 <= cfg.sampled_share <= 1.0:
         raise ValueError(f"--sampled-share {cfg.sampled_share}: a share, from 0 to 1")
     if not 0.0 <= cfg.wrong_share <= 1.0 or cfg.wrong_length < 1:
@@ -541,7 +541,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     gradients.
     """
     speeds = parse_factors(cfg.speed_perturb)  # a bad spec fails before the model loads
-    check_augmentation(cfg)
+    check_training_options(cfg)
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     world, rank = data_parallel()

@@ -10,7 +10,7 @@ import pytest
 from kvsim.minivox.train import (
     TrainConfig,
     batch_rows,
-    check_augmentation,
+    check_training_options,
     data_step,
     joined_row,
     optimiser_step,
@@ -149,4 +149,4 @@ def test_data_offset_continues_the_data_order_where_a_run_stopped() -> None:
     assert then == [r["id"] for s in range(5, 10) for r in batch_rows(s, first, TRAIN, [], FORM)]
     assert then != heard
     with pytest.raises(ValueError, match="--data-offset -1"):
-        check_augmentation(TrainConfig(data_offset=-1))
+        check_training_options(TrainConfig(data_offset=-1))
