@@ -649,7 +649,8 @@ def prefill_cache(data: Path, split: str, shard: tuple[int, int] = (0, 1)) -> No
         encoder_cache(model, proc, row, cache_dir)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The trainer's command line: run options, then one option per :class:`TrainConfig` field."""
     ap = argparse.ArgumentParser(description="Train the minivox projector + LoRA on CPU.")
     ap.add_argument("--data", type=Path, default=Path("data/minivox"))
     ap.add_argument("--run", type=Path, default=Path("data/minivox/run"))
@@ -670,11 +671,20 @@ def main(argv: list[str] | None = None) -> None:
                             default=v)
         else:
             ap.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=v)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The :class:`TrainConfig` a parsed command line asks for."""
+    return TrainConfig(**{k: getattr(args, k) for k in asdict(TrainConfig())})
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     if args.prefill_cache:
         prefill_cache(args.data, args.prefill_cache, args.shard)
         return
-    cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(d)})
+    cfg = config_from_args(args)
     train(args.data, args.run, cfg, REPO_WEIGHTS if args.export else None, args.init_projector,
           args.init_adapter)
 

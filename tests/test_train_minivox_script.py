@@ -1,0 +1,96 @@
+"""scripts/train_minivox.sh retrains the shipped adapter: its commands (printed with DRY_RUN=1)
+parse with the trainer's own command line, chain each run to the one before, and ask for the
+training configuration stored in the shipped adapter and in the kept adapters of its lineage."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from kvsim.minivox.train import TrainConfig, build_parser, config_from_args
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "train_minivox.sh"
+# options that say how a run was driven (its clock, where it stopped), not what it learned
+DRIVING = {"max_minutes", "stop_step"}
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+@pytest.fixture(scope="module")
+def commands(tmp_path_factory) -> list[list[str]]:
+    data = tmp_path_factory.mktemp("d")
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": "python"}
+    out = subprocess.run(["bash", str(SCRIPT), str(data)], env=env, capture_output=True,
+                         text=True, check=True, cwd=ROOT)
+    lines = [ln[2:].replace(str(data), "D") for ln in out.stderr.splitlines() if ln.startswith("+ ")]
+    # `run` echoes "$*", which drops the quotes around `python -c CODE`: keep CODE whole
+    return [ln.split(" ", 2) if ln.startswith("python -c ") else shlex.split(ln) for ln in lines]
+
+
+def phases(commands: list[list[str]]) -> list[tuple[str, object, TrainConfig]]:
+    """(run folder, parsed arguments, config) of every training command, in order."""
+    out = []
+    for argv in commands:
+        if argv[:3] == ["python", "-m", "kvsim.minivox.train"] and "--run" in argv:
+            args = build_parser().parse_args(argv[3:])
+            out.append((str(args.run), args, config_from_args(args)))
+    return out
+
+
+def stored(path: Path) -> dict[str, str]:
+    with safe_open(str(path), "pt") as f:
+        return f.metadata()
+
+
+def learned(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k not in DRIVING}
+
+
+@pytest.mark.parametrize("adapter, run", [
+    ("minivox/experiments/longform-308.safetensors", "D/runW"),
+    ("minivox/experiments/longform-210.safetensors", "D/runS"),
+    ("minivox/experiments/longform-speed.safetensors", "D/runM"),
+])
+def test_last_phase_of_each_kept_run_asks_for_its_stored_config(commands, adapter, run):
+    meta = stored(ROOT / adapter)
+    kept = {**asdict(TrainConfig()), **json.loads(meta["train_config"])}
+    last = [cfg for r, _, cfg in phases(commands) if r == run][-1]
+    assert learned(asdict(last)) == learned(kept)
+    # the phase stops at the step the kept adapter was saved at
+    assert (last.stop_step or last.steps) == int(meta["step"])
+
+
+def test_shipped_lineage_matches_the_phases(commands):
+    lineage = stored(ROOT / "minivox/experiments/longform-308.safetensors")["lineage"]
+    stops = {}
+    for run, _, cfg in phases(commands):
+        stops[run] = (cfg.stop_step, cfg.steps, cfg.seed)
+    assert stops["D/runL"][0] == 80 and "runL 80 steps" in lineage
+    assert stops["D/runM"][0] == 60 and "runM 60" in lineage
+    assert stops["D/runS"][0] == 210 and stops["D/runS"][2] == 8 and "runS 210 (seed 8)" in lineage
+    assert stops["D/runW"][:2] == (98, 100) and "runW 98 of 100" in lineage
+
+
+def test_every_run_starts_from_an_adapter_the_script_made_before(commands):
+    made: set[str] = set()
+    for argv in commands:
+        if argv[:3] == ["python", "-m", "kvsim.minivox.train"] and "--run" in argv:
+            args = build_parser().parse_args(argv[3:])
+            for init in (args.init_adapter, args.init_projector):
+                if init is not None:
+                    assert str(init) in made, f"{args.run} starts from {init}, not made yet"
+            made.add(f"{args.run}/last.safetensors")
+        elif argv[:2] == ["python", "-c"] and "compact_adapter" in argv[2]:
+            made.add(argv[2].split("'")[3])
+        elif argv[:3] == ["python", "-m", "kvsim.minivox.align"]:
+            made.add(argv[argv.index("--out") + 1])
+    assert commands[-1][:2] == ["python", "-c"]
+    assert "'D/runW/last.safetensors', 'minivox/adapter.safetensors'" in commands[-1][2]
