@@ -22,7 +22,13 @@ from kvsim.policies.base import (
 from kvsim.replay.buffers import StepAttentionBuffers
 from kvsim.replay.engine import PolicySpec
 from kvsim.replay.logwriter import StepLogWriter
-from kvsim.replay.metrics import LayerMass, MetricAccumulator, output_error, top_k_indicator
+from kvsim.replay.metrics import (
+    LayerMass,
+    MetricAccumulator,
+    non_audio_mass,
+    output_error,
+    top_k_indicator,
+)
 from kvsim.replay.runstate import PolicyRun
 from kvsim.replay.steploop import share_gpu_masks
 from kvsim.replay.tensors import LayerAttention
@@ -132,7 +138,8 @@ def test_metrics_exact_cases_and_recall_bound(n_static: int) -> None:
     rng = np.random.default_rng(1)
     n_kv, group, n_audio, k_top = 2, 2, 50, 5
     heads = HeadLayout(n_layers=1, n_q_heads=n_kv * group, n_kv_heads=n_kv, head_dim=8)
-    att = rng.dirichlet(np.ones(n_audio + 7), size=n_kv * group)[:, :n_audio]
+    full_att = rng.dirichlet(np.ones(n_audio + 7), size=n_kv * group)
+    att, text_mass = full_att[:, :n_audio], full_att[:, n_audio:].sum(-1).astype(np.float32)
     audio_att = att.astype(np.float32).reshape(n_kv, group, n_audio)
     top = np.argsort(-audio_att, axis=-1)[..., :k_top]  # per q-head
     masks = np.zeros((4, n_kv, n_audio), dtype=np.float32)  # whole, empty, random, full
@@ -145,8 +152,9 @@ def test_metrics_exact_cases_and_recall_bound(n_static: int) -> None:
     acc = MetricAccumulator(3, heads, n_audio, n_steps=1, topk=k_top, n_static=n_static)
     acc.set_static_masks(masks[None])
     acc.start_block(0, 0, audio_att[:, :, None], resident)
-    mass = acc.add_layers(0, range(1), audio_att[None], masks[None], resident[None])
+    mass = acc.add_layers(0, range(1), audio_att[None], masks[None], resident[None], text_mass[None])
     recall = acc.recall_sum[:, 0]
+    assert (mass.normaliser[0, 1] == text_mass).all()  # nothing read: the text mass alone
     assert (recall[0] == 1.0).all() and (mass.normaliser[0, 0] == 1.0).all()  # by construction
     assert (recall[1] == 0.0).all()
     assert acc.step_jaccard[0, 0] == 1.0 and acc.step_jaccard[1, 0] == 0.0
@@ -195,7 +203,10 @@ def test_output_error_reads_contiguous_audio_through_views_as_the_gathered_posit
     resident = masks[:2].sum(-1).astype(np.int64)
     kept = (full.reshape(n_kv, group, -1)[:, :, audio] * masks[:2, :, None]).sum(-1)
     whole = (resident == audio.size)[:, np.arange(n_kv * group) // group]
-    normaliser = np.where(whole, 1.0, 1.0 - full[:, audio].sum(-1) + kept.reshape(2, -1))
+    text = non_audio_mass(full, slice(7, 47), non_audio)
+    # the same non-negative terms in another grouping: within γ_n of each other
+    np.testing.assert_allclose(text, non_audio_mass(full, audio, non_audio), rtol=2 * gamma(n), atol=0)
+    normaliser = np.where(whole, 1.0, text + kept.reshape(2, -1))
     mass = LayerMass(whole, normaliser.astype(np.float32))
     by_view = output_error(att, values, slice(7, 47), non_audio, masks, mass)
     gathered = output_error(att, values, audio, non_audio, masks, mass)
@@ -213,3 +224,43 @@ def test_output_error_reads_contiguous_audio_through_views_as_the_gathered_posit
     bound = 4 * gamma(n) * scale * (1 + exact)
     assert by_view[0] == pytest.approx(exact, abs=bound)
     assert gathered[0] == pytest.approx(exact, abs=bound)
+
+
+def test_output_error_of_a_head_that_puts_its_mass_on_evicted_audio() -> None:
+    """A head with nearly all its mass on a few audio positions (the aligning heads of a
+    trained speech LLM), and a run that evicted them: the compressed output is the average of
+    what it kept, weighted by those tiny probabilities, so its error is of the order of the
+    values' norms over the output's, as in a float64 reference. The normaliser must be the
+    sum of those probabilities: ``1 - audio mass + kept`` cancels in float32 (absolute error
+    ~6e-8, far above the true normaliser here) and multiplied such errors by up to 1e5."""
+    rng = np.random.default_rng(11)
+    n_kv, group, d, n = 1, 2, 16, 80
+    audio = np.arange(10, 70)
+    logits = rng.standard_normal((n_kv * group, n))
+    logits[:, audio[30:33]] += 40.0  # a peak of three audio positions: 1 - its mass ~ 1e-16
+    full64 = np.exp(logits - logits.max(-1, keepdims=True))
+    full64 /= full64.sum(-1, keepdims=True)
+    full = full64.astype(np.float32)
+    att = LayerAttention(full, full[:, audio].reshape(n_kv, group, -1))
+    values = rng.standard_normal((n_kv, n, d)).astype(np.float32)
+    non_audio = np.ones(n, dtype=bool)
+    non_audio[audio] = False
+    masks = np.ones((2, n_kv, audio.size), dtype=np.float32)
+    masks[0, :, 25:40] = 0.0  # the run evicted the peak
+    heads = HeadLayout(n_layers=1, n_q_heads=n_kv * group, n_kv_heads=n_kv, head_dim=d)
+    acc = MetricAccumulator(1, heads, audio.size, n_steps=1, topk=5, n_static=0)
+    resident = masks[:1].sum(-1).astype(np.int64)
+    acc.start_block(0, 0, att.audio[:, :, None], resident)
+    text = non_audio_mass(full, slice(10, 70), non_audio)
+    mass = acc.add_layers(0, range(1), att.audio[None], masks[None], resident[None], text[None])
+    got = output_error(att, values, slice(10, 70), non_audio, masks,
+                       LayerMass(mass.whole[0], mass.normaliser[0]))[0]
+    keep = non_audio.astype(np.float64)
+    keep[audio] = masks[0, 0]
+    v64 = values[0].astype(np.float64)
+    o = full64 @ v64
+    o_c = ((full64 * keep) @ v64) / (full64 * keep).sum(-1, keepdims=True)
+    exact = (np.linalg.norm(o_c - o, axis=-1) / np.linalg.norm(o, axis=-1)).mean()
+    # float32 probabilities (relative u each) and float32 sums: a few ulps of the ratio
+    assert got == pytest.approx(exact, rel=1e-4)
+    assert exact < 10.0  # the figure is of the order of the values' norms, not 1e5

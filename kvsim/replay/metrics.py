@@ -139,7 +139,8 @@ class MetricAccumulator:
         self._static_mass[layer] = kept, full
 
     def add_layers(self, step: int, layers: range, audio_att: np.ndarray,
-                   masks_with_full: np.ndarray, resident: np.ndarray) -> LayerMass:
+                   masks_with_full: np.ndarray, resident: np.ndarray,
+                   text_mass: np.ndarray) -> LayerMass:
         """Add the recall and top-K Jaccard of every run that is not static at ``step`` and
         each of the consecutive ``layers`` (each at a step of the block opened last by
         :meth:`start_block`); return every run's attention mass there.
@@ -156,35 +157,38 @@ class MetricAccumulator:
             What every run read (0/1) at those layers; slot R is all ones.
         resident : (G, R, H_kv) int
             Audio positions every run read per KV-head.
+        text_mass : (G, H_q) float32
+            The full attention's mass on the positions that are not audio
+            (:func:`non_audio_mass`).
 
         Returns
         -------
         LayerMass
-            Its arrays (G, R, H_q), one row per layer.
+            Its arrays (G, R, H_q), one row per layer. The normaliser is the text mass plus
+            the kept audio mass, both sums of the probabilities themselves: never
+            ``1 - full audio mass + kept``, whose float32 cancellation (an absolute error of
+            about 6e-8) swamps the normaliser of a head that puts nearly all its mass on the
+            audio and a run that evicted it, and multiplied such heads' output errors by up
+            to 1e5 on a real trace.
         """
         resident_q = resident[..., self.kv_of_q]  # (G, R, H_q)
         whole = resident_q == self.n_audio
         kept_mass = np.empty(resident_q.shape, dtype=np.float32)
-        full_mass = np.empty(resident_q.shape, dtype=np.float32)
         for i, layer in enumerate(layers):
             first, _ = self._top[layer]
             if self.n_static:
-                kept, full = self._static_mass[layer]
-                kept_mass[i, self.static], full_mass[i, self.static] = (kept[step - first],
-                                                                        full[step - first])
+                kept_mass[i, self.static] = self._static_mass[layer][0][step - first]
         if self.n_static < self.n_runs:
-            kept, full = self._add_dynamic(step, layers, audio_att, masks_with_full,
-                                           resident_q, whole)
-            kept_mass[:, self.dynamic], full_mass[:, self.dynamic] = kept, full
-        normaliser = np.where(whole, np.float32(1.0), 1.0 - full_mass + kept_mass)
+            kept_mass[:, self.dynamic] = self._add_dynamic(step, layers, audio_att,
+                                                           masks_with_full, resident_q, whole)
+        normaliser = np.where(whole, np.float32(1.0), text_mass[:, None, :] + kept_mass)
         return LayerMass(whole, normaliser)
 
     def _add_dynamic(self, step: int, layers: range, audio_att: np.ndarray,
                      masks_with_full: np.ndarray, resident_q: np.ndarray,
-                     whole: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                     whole: np.ndarray) -> np.ndarray:
         """:meth:`add_layers` for the runs that are not static: one ``(parts·g, T_a) x
-        (T_a, D + 1)`` product per (layer, KV-head); returns their kept and full masses
-        (G, D, H_q) and (G, 1, H_q)."""
+        (T_a, D + 1)`` product per (layer, KV-head); returns their kept masses (G, D, H_q)."""
         n_layers, n_kv = audio_att.shape[:2]
         top = self._top[layers[0]][1]  # None for every layer, or for none
         parts = 1 if top is None else 2
@@ -209,7 +213,7 @@ class MetricAccumulator:
         for i in range(n_layers):  # summed over the layers in order
             self.step_recall[dynamic, step] += step_recall[i]
             self.step_jaccard[dynamic, step] += step_jaccard[i]
-        return kept, full
+        return kept
 
     def work(self, key: object, shape: tuple[int, ...], dtype: type) -> np.ndarray:
         """A work array of ``shape``, the same one at every call with that key and shape
@@ -317,6 +321,17 @@ def output_error(att: LayerAttention, values: np.ndarray, audio_index: slice | n
     out_c = out_all[:n_runs].reshape(n_runs, n_q, -1) / mass.normaliser[..., None]
     out_c = np.where(mass.whole[..., None], out_full, out_c)  # exact, as above
     return (np.linalg.norm(out_c - out_full, axis=-1) / norm_full).mean(-1)
+
+
+def non_audio_mass(full: np.ndarray, audio_index: slice | np.ndarray,
+                   non_audio: np.ndarray) -> np.ndarray:
+    """(H_q,) mass of the full attention ``full`` (H_q, p + 1) on the positions that are not
+    audio: a sum of those probabilities (views around contiguous audio), so small masses keep
+    their relative precision."""
+    if isinstance(audio_index, slice):
+        lo, hi = audio_index.start, min(audio_index.stop, non_audio.size)
+        return np.add.reduce(full[:, :lo], axis=-1) + np.add.reduce(full[:, hi:], axis=-1)
+    return np.add.reduce(full[:, non_audio], axis=-1)
 
 
 def _text_output(full: np.ndarray, values: np.ndarray, audio_index: slice | np.ndarray,

@@ -18,7 +18,13 @@ import numpy as np
 
 from kvsim.policies.base import HeadLayout, Policy
 from kvsim.replay.buffers import StepAttentionBuffers
-from kvsim.replay.metrics import LayerMass, MetricAccumulator, RunMetrics, output_error
+from kvsim.replay.metrics import (
+    LayerMass,
+    MetricAccumulator,
+    RunMetrics,
+    non_audio_mass,
+    output_error,
+)
 from kvsim.replay.runstate import PolicyRun
 from kvsim.replay.selection import QueryAwareSelection
 from kvsim.replay.tensors import TraceTensors
@@ -149,8 +155,10 @@ class StepLoop:
                                         self.masks_with_full[layer, :n_runs], resident)
             audio[i] = atts[i].audio
         self.reads[step] += self.resident[rows].sum(axis=(0, 2))
+        text_mass = np.stack([non_audio_mass(att.full, self.tensors.audio_index, non_audio)
+                              for att in atts])
         mass = self.metrics.add_layers(step, layers, audio, self.masks_with_full[rows],
-                                       self.resident[rows])
+                                       self.resident[rows], text_mass)
         self.buffers.fill_layers(layers, audio, self.masks_with_full[rows, :n_runs],
                                  mass.normaliser)
         for i, layer in enumerate(layers):
