@@ -99,3 +99,24 @@ def test_store_heads_replaces_the_scores_and_nothing_else(tmp_path):
         np.testing.assert_array_equal(a, np.array(b))
     assert after.positions.equals(before.positions)
     assert Trace(other).head_scores is None or Trace(other).head_scores.voice_score.shape != new.voice_score.shape
+
+
+def test_compare_heads_ranks_agreement_and_the_top_heads(tmp_path, capsys):
+    from conftest import load_script
+    compare = load_script("compare_heads")
+    from kvsim.trace.heads import HeadScores
+    rng = np.random.default_rng(3)
+    vs, hs = rng.random((L, HKV)), rng.random((L, HKV))
+    a = HeadScores(vs, hs, source="a")
+    same = compare.agreement(a, HeadScores(vs.copy(), hs.copy(), source="b"), top=2)
+    assert same == {"VS": 1.0, "HS": 1.0, "VS x HS": 1.0, "top-2 in common": 2}
+    # every ranking reversed: correlations -1, and the top 2 of 6 heads of one are the bottom of the other
+    rev = compare.agreement(a, HeadScores(1 / vs, 1 / hs, source="c"), top=2)
+    assert rev["VS"] == pytest.approx(-1.0) and rev["HS"] == pytest.approx(-1.0)
+    assert rev["VS x HS"] == pytest.approx(-1.0) and rev["top-2 in common"] == 0
+    # a file of another model's shape: one line, exit 2
+    write_heads(tmp_path / "a.json", a, "minivox")
+    write_heads(tmp_path / "b.json", HeadScores(rng.random((L + 1, HKV)), rng.random((L + 1, HKV)), source="d"), "x")
+    assert compare.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("compare_heads: shapes differ") and "\n" not in err

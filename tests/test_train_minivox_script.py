@@ -55,6 +55,7 @@ def learned(cfg: dict) -> dict:
 
 
 @pytest.mark.parametrize("adapter, run", [
+    ("minivox/adapter.safetensors", "D/runW"),
     ("minivox/experiments/longform-308.safetensors", "D/runW"),
     ("minivox/experiments/longform-210.safetensors", "D/runS"),
     ("minivox/experiments/longform-speed.safetensors", "D/runM"),
@@ -69,7 +70,7 @@ def test_last_phase_of_each_kept_run_asks_for_its_stored_config(commands, adapte
 
 
 def test_shipped_lineage_matches_the_phases(commands):
-    lineage = stored(ROOT / "minivox/experiments/longform-308.safetensors")["lineage"]
+    lineage = stored(ROOT / "minivox/adapter.safetensors")["lineage"]
     stops = {}
     for run, _, cfg in phases(commands):
         stops[run] = (cfg.stop_step, cfg.steps, cfg.seed)
