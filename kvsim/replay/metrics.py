@@ -77,8 +77,8 @@ class MetricAccumulator:
         self.static, self.dynamic = slice(0, n_static), slice(n_static, n_runs)
         #: per layer: (first step, (H_kv, g, B, T_a) bool top-K indicator) of its block
         self._top: dict[int, tuple[int, np.ndarray]] = {}
-        #: per layer: the static runs' kept mass (B, S, H_q) and the full mass (B, H_q)
-        self._static_mass: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        #: per layer: the static runs' kept mass (B, S, H_q) over the block's steps
+        self._static_mass: dict[int, np.ndarray] = {}
         self._static_masks: np.ndarray | None = None  # (L, H_kv, T_a, S + 1)
         self._work: dict[object, np.ndarray] = {}  # see work()
         self.recall_sum = np.zeros((n_runs, heads.n_layers, n_q))
@@ -136,7 +136,7 @@ class MetricAccumulator:
         hits = (per_step[1, :, :-1] if top is not None
                 else np.broadcast_to(resident_q, (n_valid, *resident_q.shape)))
         self.step_jaccard[static, steps] += self._jaccard(hits, resident_q).T
-        self._static_mass[layer] = kept, full
+        self._static_mass[layer] = kept
 
     def add_layers(self, step: int, layers: range, audio_att: np.ndarray,
                    masks_with_full: np.ndarray, resident: np.ndarray,
@@ -177,7 +177,7 @@ class MetricAccumulator:
         for i, layer in enumerate(layers):
             first, _ = self._top[layer]
             if self.n_static:
-                kept_mass[i, self.static] = self._static_mass[layer][0][step - first]
+                kept_mass[i, self.static] = self._static_mass[layer][step - first]
         if self.n_static < self.n_runs:
             kept_mass[:, self.dynamic] = self._add_dynamic(step, layers, audio_att,
                                                            masks_with_full, resident_q, whole)
