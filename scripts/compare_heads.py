@@ -16,19 +16,20 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from kvsim.trace.heads import HeadScores, read_heads
+from kvsim.tracer.calibrate import ranking
 
 
 def agreement(a: HeadScores, b: HeadScores, top: int) -> dict[str, float]:
     """Spearman over the flattened (layer, KV-head) scores, and the top-``top`` overlap."""
     if a.voice_score.shape != b.voice_score.shape:
         raise ValueError(f"shapes differ: {a.voice_score.shape} vs {b.voice_score.shape}")
-    va, vb = a.voice_score.ravel(), b.voice_score.ravel()
-    sa, sb = a.sensitivity.ravel(), b.sensitivity.ravel()
-    pa, pb = va * sa, vb * sb
-    top_a = set(np.argsort(-pa, kind="stable")[:top].tolist())
-    top_b = set(np.argsort(-pb, kind="stable")[:top].tolist())
-    return {"VS": float(spearmanr(va, vb).statistic), "HS": float(spearmanr(sa, sb).statistic),
-            "VS x HS": float(spearmanr(pa, pb).statistic), f"top-{top} in common": len(top_a & top_b)}
+    def rho(x: np.ndarray, y: np.ndarray) -> float:
+        return float(spearmanr(x.ravel(), y.ravel()).statistic)
+
+    top_a = {tuple(h) for h in ranking(a)[:top]}
+    top_b = {tuple(h) for h in ranking(b)[:top]}
+    return {"VS": rho(a.voice_score, b.voice_score), "HS": rho(a.sensitivity, b.sensitivity),
+            "VS x HS": rho(a.importance, b.importance), f"top-{top} in common": len(top_a & top_b)}
 
 
 def main(argv: list[str] | None = None) -> int:
