@@ -526,6 +526,38 @@ def check_training_options(cfg: TrainConfig) -> None:
         raise ValueError(f"--data-offset {cfg.data_offset}: a step count >= 0")
 
 
+def warn_if_bf16_emulated(cfg: TrainConfig) -> None:
+    """Print a warning when ``cfg.bf16`` asks for bf16 autocast on a CPU without bf16 units."""
+    if cfg.bf16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        print("warning: this CPU has no bf16 matrix units; bf16 autocast is emulated (a bf16 "
+              "matmul measured ~50x slower than fp32 on an AVX2 CPU): consider --no-bf16",
+              flush=True)
+
+
+@dataclass
+class TrainingRows:
+    """The manifest rows a run draws from: its training splits, the dev clips it is scored on,
+    the 30-60 s clips it joins or batches (``train_long``) and its long-form split."""
+
+    train: list[dict]
+    dev: list[dict]
+    long: list[dict]
+    longform: list[dict]
+
+    @classmethod
+    def read(cls, data: Path, cfg: TrainConfig) -> TrainingRows:
+        """Read only the splits ``cfg`` draws from (``p_long``, ``p_concat``, ``longform_split``)."""
+        joins = cfg.p_concat > 0 and not cfg.longform_split
+        return cls(
+            train=[r for split in cfg.train_splits.split(",")
+                   for r in read_manifest(data, split).to_dicts()],
+            dev=read_manifest(data, "dev").to_dicts()[: cfg.eval_clips],
+            long=read_manifest(data, "train_long").to_dicts() if cfg.p_long > 0 or joins else [],
+            longform=(read_manifest(data, cfg.longform_split).to_dicts()
+                      if cfg.longform_split and cfg.p_concat > 0 else []),
+        )
+
+
 def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
           init_projector: Path | None = None, init_adapter: Path | None = None) -> None:
     """Stage 2: projector + LoRA, end to end on the transcription loss.
@@ -546,25 +578,18 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     random.seed(cfg.seed)
     world, rank = data_parallel()
     lead = rank == 0  # writes the log, checkpoints and exports
-    if lead and cfg.bf16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        print("warning: this CPU has no bf16 matrix units; bf16 autocast is emulated (a bf16 "
-              "matmul measured ~50x slower than fp32 on an AVX2 CPU): consider --no-bf16",
-              flush=True)
+    if lead:
+        warn_if_bf16_emulated(cfg)
     run.mkdir(parents=True, exist_ok=True)
     if lead:
         (run / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
     model, proc, proj, lora = trainable_model(cfg)
     opt, sched = optimizer(cfg, proj, lora)
-    train_rows = [r for split in cfg.train_splits.split(",")
-                  for r in read_manifest(data, split).to_dicts()]
+    rows = TrainingRows.read(data, cfg)
+    train_rows, dev_rows = rows.train, rows.dev
     step, best = start_or_resume(run, model, proc, opt, sched, train_rows, data,
                                  init_projector, init_adapter, lead)
-    dev_rows = read_manifest(data, "dev").to_dicts()[: cfg.eval_clips]
     cache_dir = data / "enc_cache"
-    joins = cfg.p_concat > 0 and not cfg.longform_split
-    long_rows = read_manifest(data, "train_long").to_dicts() if cfg.p_long > 0 or joins else []
-    longform_rows = (read_manifest(data, cfg.longform_split).to_dicts()
-                     if cfg.longform_split and cfg.p_concat > 0 else [])
     probe = (AttentionProbe(model.model.language_model,
                             [int(x) for x in cfg.align_layers.split(",")])
              if cfg.align_weight > 0 or cfg.align_log else None)
@@ -579,9 +604,9 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     end = min(cfg.stop_step or cfg.steps, cfg.steps)
     while step < end:
         sub_batch = data_step(step, cfg, world, rank)
-        rows = perturb_rows(batch_rows(sub_batch, cfg, train_rows, long_rows, longform_rows),
-                            speeds, cfg.seed, sub_batch)
-        res = train_step(model, proc, rows, cache_dir, cfg, opt, sched, proj + lora, probe,
+        batch = perturb_rows(batch_rows(sub_batch, cfg, train_rows, rows.long, rows.longform),
+                             speeds, cfg.seed, sub_batch)
+        res = train_step(model, proc, batch, cache_dir, cfg, opt, sched, proj + lora, probe,
                          world, t0, sub_batch, pool)
         step += 1
         ema = res.loss if ema is None else 0.9 * ema + 0.1 * res.loss
