@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from kvsim.commands.study import OutOption, QuickOption
+
 TracesArg = Annotated[list[Path] | None, typer.Argument(help="Traces to replay (default: the shipped traces/minivox-*.kvtrace)")]
 HeadsOption = Annotated[Path | None, typer.Option("--calibration", help="heads.json of the model (default: minivox/heads.json of the checkout)")]
 CalibTracesOption = Annotated[list[Path] | None, typer.Option("--calibration-traces", help="Traces (or folders) to fit WnW's λ on, per setting × r_GPU (WnW §3.4); without: per-input λ")]
@@ -99,3 +101,43 @@ def run_sweep_study(report_fn, args: SweepArgs, t0: float) -> None:
     except (ValueError, KeyError, FileNotFoundError, TraceError, DataError) as exc:
         fail(exc)
     finish(report, args.out, t0)
+
+
+def sweep_command(study: str, summary: str):
+    """The ``kvsim study STUDY`` command of a WnW sweep study: the options above, the report
+    built by ``kvsim.studies.STUDY.STUDY_report`` and written by :func:`run_sweep_study`;
+    ``summary`` is its help text."""
+
+    def command(
+        traces: TracesArg = None,
+        calibration: HeadsOption = None,
+        calibration_traces: CalibTracesOption = None,
+        lambda_fit: LambdaFitOption = "measured",
+        dataset_root: DatasetRootOption = Path("data/minivox"),
+        limit: LimitOption = 8,
+        max_new_tokens: MaxNewOption = 300,
+        no_live: NoLiveOption = False,
+        no_replay: NoReplayOption = False,
+        model: ModelOption = "minivox",
+        device: DeviceOption = "cpu",
+        ray: RayOption = None,
+        max_steps: MaxStepsOption = None,
+        quick: QuickOption = False,
+        out: OutOption = None,
+    ) -> None:
+        import importlib
+        import time
+
+        from kvsim.commands.study import default_out
+
+        t0 = time.perf_counter()
+        report_fn = getattr(importlib.import_module(f"kvsim.studies.{study}"), f"{study}_report")
+        out = default_out(study, out)
+        args = SweepArgs(traces, calibration, calibration_traces, dataset_root, limit, max_new_tokens,
+                         no_live, no_replay, model, device, ray, max_steps, quick, out,
+                         lambda_fit=lambda_fit)
+        run_sweep_study(report_fn, args, t0)
+
+    command.__name__ = command.__qualname__ = study
+    command.__doc__ = f"{summary}\n\n--quick: the first and last setting of each sweep, 2 live clips.\n"
+    return command
