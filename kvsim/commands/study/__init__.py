@@ -23,6 +23,13 @@ QuickOption = Annotated[bool, typer.Option("--quick", help="A small run (fewer i
 
 OutOption = Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default runs/study/<study>)")]
 
+#: Options every study that decodes live takes.
+DatasetRootOption = Annotated[Path, typer.Option("--dataset-root", help="minivox corpus folder (its manifest.parquet) of the live inputs")]
+ModelOption = Annotated[str, typer.Option("--model", "-m", help="Backbone the study runs (minivox; tiny = the random test backbone)")]
+DeviceOption = Annotated[str, typer.Option("--device", help="Live device (cpu, cuda)")]
+RayOption = Annotated[str | None, typer.Option("--ray", help="Fit λ and decode the live grid as Ray tasks on this cluster ('local' for a local Ray)")]
+LambdaFitOption = Annotated[str, typer.Option("--lambda-fit", help="How WnW's λ is fitted on the calibration traces: measured (decode-time r_GPU with recalls, WnW §3.4) or prefill (prefill r_GPU only)")]
+
 
 def default_out(name: str, out: Path | None) -> Path:
     """``out``, or ``runs/study/<name>`` when none was given."""

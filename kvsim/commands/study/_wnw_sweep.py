@@ -8,20 +8,23 @@ from typing import Annotated
 
 import typer
 
-from kvsim.commands.study import OutOption, QuickOption
+from kvsim.commands.study import (
+    DatasetRootOption,
+    DeviceOption,
+    LambdaFitOption,
+    ModelOption,
+    OutOption,
+    QuickOption,
+    RayOption,
+)
 
 TracesArg = Annotated[list[Path] | None, typer.Argument(help="Traces to replay (default: the shipped traces/minivox-*.kvtrace)")]
 HeadsOption = Annotated[Path | None, typer.Option("--calibration", help="heads.json of the model (default: minivox/heads.json of the checkout)")]
 CalibTracesOption = Annotated[list[Path] | None, typer.Option("--calibration-traces", help="Traces (or folders) to fit WnW's λ on, per setting × r_GPU (WnW §3.4); without: per-input λ")]
-DatasetRootOption = Annotated[Path, typer.Option("--dataset-root", help="minivox corpus root (manifest.parquet); live inputs are its test_30_60 clips")]
 LimitOption = Annotated[int, typer.Option("--limit", help="Live inputs (clips, >= 1; --quick: 2)")]
 MaxNewOption = Annotated[int, typer.Option("--max-new-tokens", help="Live generation cap (>= 1); a run that reaches it did not terminate")]
 NoLiveOption = Annotated[bool, typer.Option("--no-live", help="Replay proxies only, no live decoding")]
 NoReplayOption = Annotated[bool, typer.Option("--no-replay", help="Live decoding only, no replay")]
-ModelOption = Annotated[str, typer.Option("--model", help="Live backbone (minivox; tiny = the random test backbone)")]
-DeviceOption = Annotated[str, typer.Option("--device", help="Live device (cpu, cuda)")]
-RayOption = Annotated[str | None, typer.Option("--ray", help="Fit λ per setting and decode the live grid as Ray tasks on this cluster ('local' for a local Ray)")]
-LambdaFitOption = Annotated[str, typer.Option("--lambda-fit", help="How λ is fitted on --calibration-traces: measured (decode-time r_GPU with recalls, WnW §3.4) or prefill (prefill r_GPU only)")]
 MaxStepsOption = Annotated[int | None, typer.Option("--max-steps", help="Replay only the first N >= 1 decode steps of each trace")]
 
 

@@ -9,15 +9,24 @@ from typing import Annotated
 
 import typer
 
-from kvsim.commands.study import OutOption, QuickOption, default_out, finish
+from kvsim.commands.study import (
+    DatasetRootOption,
+    DeviceOption,
+    ModelOption,
+    OutOption,
+    QuickOption,
+    RayOption,
+    default_out,
+    finish,
+)
 
 
 def fidelity(
     inputs: Annotated[list[Path] | None, typer.Argument(help="Audio files or folders (with .txt references) instead of --dataset-root")] = None,
-    dataset_root: Annotated[Path, typer.Option(help="minivox-style manifest dataset root")] = Path("data/minivox"),
+    dataset_root: DatasetRootOption = Path("data/minivox"),
     split: Annotated[str, typer.Option(help="Dataset split")] = "test_30_60",
     limit: Annotated[int, typer.Option(help="Clips (first N of the split), >= 2")] = 8,
-    model: Annotated[str, typer.Option("--model", "-m", help="Backbone traced and decoded live")] = "minivox",
+    model: ModelOption = "minivox",
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Policies (default: the twelve the papers compare)")] = None,
     budget: Annotated[str, typer.Option("--budget", "-b", help="Budgets r_GPU, comma-separated")] = "0.2,0.4,0.6,0.8",
     heads: Annotated[Path | None, typer.Option(help="Calibration heads.json for WnW / AudioKV (default with --model minivox: minivox/heads.json)")] = None,
@@ -25,8 +34,8 @@ def fidelity(
     live_runs: Annotated[list[Path] | None, typer.Option("--live-runs", help="Existing `kvsim live` folders to take the live runs from (repeatable)")] = None,
     aligner: Annotated[str, typer.Option(help="Word alignment of the traces (auto, reference, whisper, none)")] = "auto",
     n_boot: Annotated[int, typer.Option(help="Bootstrap resamples of the clips")] = 1000,
-    device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
-    ray: Annotated[str | None, typer.Option("--ray", help="Decode the live grid as Ray tasks ('local' or an address)")] = None,
+    device: DeviceOption = "cpu",
+    ray: RayOption = None,
     quick: QuickOption = False,
     out: OutOption = None,
 ) -> None:

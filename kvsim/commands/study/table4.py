@@ -9,7 +9,17 @@ from typing import Annotated
 
 import typer
 
-from kvsim.commands.study import OutOption, QuickOption, default_out, finish
+from kvsim.commands.study import (
+    DatasetRootOption,
+    DeviceOption,
+    LambdaFitOption,
+    ModelOption,
+    OutOption,
+    QuickOption,
+    RayOption,
+    default_out,
+    finish,
+)
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -27,7 +37,7 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def table4(
-    dataset_root: Annotated[Path, typer.Option(help="minivox manifest folder")] = Path("data/minivox"),
+    dataset_root: DatasetRootOption = Path("data/minivox"),
     split: Annotated[str, typer.Option(help="Manifest split")] = "test_30_60",
     limit: Annotated[int, typer.Option(help="First N clips of the split")] = 4,
     tidal: Annotated[str, typer.Option(help="The paper's tidal-head counts (of Voxtral-mini's 240 heads), mapped to the model proportionally")] = "35,75,115,155,195,235",
@@ -36,13 +46,13 @@ def table4(
     max_new_tokens: Annotated[int, typer.Option(help="Token cap per clip")] = 300,
     heads: Annotated[Path, typer.Option(help="heads.json of the model (WnW's head scores)")] = Path("minivox/heads.json"),
     calibration_traces: Annotated[list[str] | None, typer.Option(help="Traces to fit λ per tidal count on (WnW §3.4); repeat or comma-separate")] = None,
-    lambda_fit: Annotated[str, typer.Option(help="How λ is fitted on the calibration traces: measured (decode-time r_GPU with recalls, WnW §3.4) or prefill")] = "measured",
+    lambda_fit: LambdaFitOption = "measured",
     gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPU presets to simulate on, comma-separated")] = "h100-sxm,a100-80gb",
     sim_model: Annotated[str, typer.Option(help="Model preset whose geometry the step logs are simulated on")] = "voxtral-mini-3b",
     runtime: Annotated[str, typer.Option(help="Host runtime preset of the simulation")] = "hf-eager",
-    model: Annotated[str, typer.Option("--model", "-m", help="Backbone decoded live (minivox; tiny for tests)")] = "minivox",
-    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
-    ray: Annotated[str | None, typer.Option(help="Ray address for the λ fits and the live grid (local: a local Ray)")] = None,
+    model: ModelOption = "minivox",
+    device: DeviceOption = "cpu",
+    ray: RayOption = None,
     quick: QuickOption = False,
     out: OutOption = None,
 ) -> None:

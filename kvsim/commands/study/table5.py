@@ -8,7 +8,17 @@ from typing import Annotated
 
 import typer
 
-from kvsim.commands.study import OutOption, QuickOption, default_out, finish
+from kvsim.commands.study import (
+    DatasetRootOption,
+    DeviceOption,
+    LambdaFitOption,
+    ModelOption,
+    OutOption,
+    QuickOption,
+    RayOption,
+    default_out,
+    finish,
+)
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -16,7 +26,7 @@ def _split(values: list[str] | None) -> list[str]:
 
 
 def table5(
-    dataset_root: Annotated[Path, typer.Option(help="minivox manifest folder")] = Path("data/minivox"),
+    dataset_root: DatasetRootOption = Path("data/minivox"),
     split: Annotated[str, typer.Option(help="Manifest split (test_long: the long-form analogue)")] = "test_30_60",
     limit: Annotated[int, typer.Option(help="First N clips of the split")] = 8,
     ids: Annotated[str | None, typer.Option(help="These clips instead (comma-separated ids)")] = None,
@@ -26,12 +36,12 @@ def table5(
     max_seconds: Annotated[float | None, typer.Option(help="Crop each clip (and its reference) to this length")] = None,
     heads: Annotated[Path, typer.Option(help="heads.json for WnW / AudioKV")] = Path("minivox/heads.json"),
     calibration_traces: Annotated[list[str] | None, typer.Option(help="Traces to fit WnW's λ per budget on (WnW §3.4); repeat or comma-separate")] = None,
-    lambda_fit: Annotated[str, typer.Option(help="How λ is fitted on the calibration traces: measured (decode-time r_GPU with recalls, WnW §3.4) or prefill")] = "measured",
+    lambda_fit: LambdaFitOption = "measured",
     live_runs: Annotated[list[str] | None, typer.Option(help="Existing kvsim live run folders to read instead of decoding; repeat or comma-separate")] = None,
     runs_only: Annotated[bool, typer.Option("--runs-only", help="With --live-runs: the table of what they hold, decode nothing")] = False,
-    model: Annotated[str, typer.Option("--model", "-m", help="Backbone (minivox; tiny for tests)")] = "minivox",
-    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
-    ray: Annotated[str | None, typer.Option(help="Ray address for the λ fits and the live grid (local: a local Ray)")] = None,
+    model: ModelOption = "minivox",
+    device: DeviceOption = "cpu",
+    ray: RayOption = None,
     quick: QuickOption = False,
     out: OutOption = None,
 ) -> None:

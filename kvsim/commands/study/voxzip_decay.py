@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from kvsim.commands.study import OutOption, QuickOption, default_out, finish
+from kvsim.commands.study import (
+    DatasetRootOption,
+    DeviceOption,
+    ModelOption,
+    OutOption,
+    QuickOption,
+    RayOption,
+    default_out,
+    finish,
+)
 
 
 def voxzip_decay(
@@ -16,13 +25,13 @@ def voxzip_decay(
     gamma: Annotated[str | None, typer.Option("--gamma", help="γ values in (0, 1], comma-separated (default: the paper's 0.9,0.95,0.99,1.0; --quick 0.95,1.0)")] = None,
     budget: Annotated[str, typer.Option("--budget", "-b", help="Budgets r, comma-separated (the paper's 0.05, and 0.2)")] = "0.05,0.2",
     live: Annotated[bool, typer.Option("--live/--no-live", help="Also decode minivox clips live (WER, termination)")] = True,
-    dataset_root: Annotated[Path, typer.Option(help="Folder of the minivox manifest.parquet (live part)")] = Path("data/minivox"),
+    dataset_root: DatasetRootOption = Path("data/minivox"),
     split: Annotated[str, typer.Option(help="Manifest split decoded live")] = "test_30_60",
     limit: Annotated[int, typer.Option(help="Clips decoded live (>= 1; --quick 2)")] = 8,
     max_new_tokens: Annotated[int, typer.Option(help="Live generation stops after this many tokens (>= 1)")] = 300,
-    model: Annotated[str, typer.Option(help="Live backbone (minivox; tiny for tests)")] = "minivox",
-    device: Annotated[str, typer.Option(help="Live device (cpu, cuda)")] = "cpu",
-    ray: Annotated[str | None, typer.Option("--ray", help="Decode the live grid as Ray tasks: a cluster address, or 'local'")] = None,
+    model: ModelOption = "minivox",
+    device: DeviceOption = "cpu",
+    ray: RayOption = None,
     live_out: Annotated[Path | None, typer.Option(help="The live part's `kvsim live` run folder (default OUT/live; reused when the options match)")] = None,
     quick: QuickOption = False,
     out: OutOption = None,
