@@ -16,11 +16,8 @@ from kvsim.studies.report import StudyReport
 from kvsim.studies.wnw_sweep import (
     Setting,
     SweepOptions,
-    extremes,
-    group_tables,
-    run_sweep,
     scale_heads,
-    sweep_chart,
+    sweep_report,
 )
 
 #: WnW §3.8, Table 3 (A1): truncated WER (%) by n_voice at r_GPU = 0.1 and 0.2.
@@ -36,6 +33,8 @@ PAPER_N_ANCHOR = 5
 
 _SELECTION_NAMES = {"segment": "per-segment (WnW)", "global": "global top-k"}
 _SIGNAL_NAMES = {"vs_hs": "VS×HS (WnW)", "hs": "HS only", "vs": "VS only"}
+
+TITLE = "WnW ablations A1–A3 (WnW §3.8, Table 3)"
 
 CAPTIONS = {
     "A1 r_GPU=0.1": "**A1** voice-head count n_voice at r_GPU = 0.1 (WnW §3.8, Table 3)",
@@ -68,10 +67,6 @@ def table3_settings(n_heads: int) -> list[Setting]:
 def table3_report(opts: SweepOptions, n_heads: int, quick: bool = False,
                   log: Callable[[str], None] = print) -> StudyReport:
     """Run Table 3 (``quick``: the first and last setting of each group) and build the report."""
-    settings = table3_settings(n_heads)
-    if quick:
-        settings = extremes(settings)
-    data, notes, extra = run_sweep(settings, opts, log)
     intro = (f"WnW's ablations on a model with {n_heads} KV-heads: the paper's head counts "
              f"(of Voxtral-mini-3b's 240) scaled to the same share, n_anchor "
              f"{PAPER_N_ANCHOR} -> {scale_heads(PAPER_N_ANCHOR, n_heads)}. Replay columns are "
@@ -79,7 +74,5 @@ def table3_report(opts: SweepOptions, n_heads: int, quick: bool = False,
              "columns are the truncated WER of the set (corpus, ratio 1.2) and the share of "
              "runs that stopped on their own. The paper's WER is LibriSpeech-Long test-clean "
              "on Voxtral-mini-3b: compare trends, not levels.")
-    return StudyReport(name="table3", title="WnW ablations A1–A3 (WnW §3.8, Table 3)",
-                       tables=group_tables(data, CAPTIONS), data=data,
-                       chart=sweep_chart(data, "WnW Table 3 ablations"),
-                       notes=[intro, *notes], extra_data=extra)
+    return sweep_report("table3", (TITLE, "WnW Table 3 ablations"), table3_settings(n_heads), CAPTIONS, intro,
+                        opts, quick, log)

@@ -16,11 +16,8 @@ from kvsim.studies.report import StudyReport
 from kvsim.studies.wnw_sweep import (
     Setting,
     SweepOptions,
-    extremes,
-    group_tables,
-    run_sweep,
     scale_heads,
-    sweep_chart,
+    sweep_report,
 )
 
 #: WnW App. C: "sensitivity sweeps on Voxtral-mini-3b at ~20% GPU retention".
@@ -37,6 +34,8 @@ PAPER_N_ANCHOR = 5
 DELTAS = (1, 2, 3, 5, 8)
 TOP_KS = (1, 2, 3, 5)
 STRIDES = (1.0, 2.0, 4.0)
+
+TITLE = "WnW hyperparameter sensitivity (WnW App. C, Table 7)"
 
 CAPTIONS = {
     "chunk size": "**Chunk size** W_c (stride W_c/2) at r_GPU = 0.2 (WnW App. C, Table 7)",
@@ -74,10 +73,6 @@ def table7_settings(n_heads: int) -> list[Setting]:
 def table7_report(opts: SweepOptions, n_heads: int, quick: bool = False,
                   log: Callable[[str], None] = print) -> StudyReport:
     """Run Table 7 (``quick``: the first and last setting of each sweep) and build the report."""
-    settings = table7_settings(n_heads)
-    if quick:
-        settings = extremes(settings)
-    data, notes, extra = run_sweep(settings, opts, log)
     intro = (f"WnW's sensitivity at r_GPU = {PAPER_BUDGET:g} on a model with {n_heads} KV-heads: "
              f"n_voice {PAPER_N_VOICE} of 240 -> {scale_heads(PAPER_N_VOICE, n_heads)}, anchors "
              "scaled to the same share (several paper counts may land on one kvsim count; they "
@@ -85,7 +80,5 @@ def table7_report(opts: SweepOptions, n_heads: int, quick: bool = False,
              f"{len(opts.traces)} trace(s); live columns the truncated WER of the set and the "
              "termination rate. The paper's WER is Voxtral-mini-3b on LibriSpeech-Long "
              "test-clean: compare spreads, not levels (the paper: within ~0.3 WER points).")
-    return StudyReport(name="table7", title="WnW hyperparameter sensitivity (WnW App. C, Table 7)",
-                       tables=group_tables(data, CAPTIONS), data=data,
-                       chart=sweep_chart(data, "WnW Table 7 sensitivity"),
-                       notes=[intro, *notes], extra_data=extra)
+    return sweep_report("table7", (TITLE, "WnW Table 7 sensitivity"), table7_settings(n_heads), CAPTIONS, intro,
+                        opts, quick, log)

@@ -293,6 +293,21 @@ def run_sweep(settings: Sequence[Setting], opts: SweepOptions,
     return study_data(settings, replay, live), notes, extra
 
 
+def sweep_report(name: str, titles: tuple[str, str], settings: Sequence[Setting],
+                 captions: dict[str, str], intro: str, opts: SweepOptions, quick: bool = False,
+                 log: Callable[[str], None] = print):
+    """Run a WnW sweep study's ``settings`` (``quick``: the first and last of each group) and
+    build its report: one table per group (``captions``), the chart, ``intro`` and the notes
+    of :func:`run_sweep`; ``titles``: the report's and the chart's."""
+    from kvsim.studies.report import StudyReport
+
+    if quick:
+        settings = extremes(settings)
+    data, notes, extra = run_sweep(settings, opts, log)
+    return StudyReport(name=name, title=titles[0], tables=group_tables(data, captions), data=data,
+                       chart=sweep_chart(data, titles[1]), notes=[intro, *notes], extra_data=extra)
+
+
 def _live(settings: Sequence[Setting], lams: dict, opts: SweepOptions, scores: HeadScores | None,
           log: Callable[[str], None]) -> pl.DataFrame:
     from kvsim.live.data import load_dataset
