@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import soundfile as sf
@@ -25,6 +26,7 @@ import torch
 from kvsim.wer import average_wer, corpus_wer, truncated_wer
 
 from . import load_minivox, minivox_dir
+from .augment import resample_speed
 from .data import parse_shard, read_manifest
 
 
@@ -36,19 +38,44 @@ def generation_options(no_repeat_ngram: int = 0) -> dict:
     return {"do_sample": False, **({"no_repeat_ngram_size": no_repeat_ngram} if no_repeat_ngram else {})}
 
 
-def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | None,
-             out: Path | None, shard: tuple[int, int] = (0, 1),
-             no_repeat_ngram: int = 0) -> dict[str, float]:
+@dataclass
+class EvalOptions:
+    """Which clips of a split are decoded, and how.
+
+    ``limit``: the first N clips; ``shard`` ``(i, n)``: every n-th of those from i; ``ids``:
+    only these clips; ``speed``: every clip played ``speed`` times faster (polyphase
+    resampling, tempo and pitch together: :func:`kvsim.minivox.augment.resample_speed`; 1.0
+    plays it as recorded); ``no_repeat_ngram``: see :func:`generation_options`.
+    """
+
+    limit: int | None = None
+    shard: tuple[int, int] = (0, 1)
+    ids: frozenset[str] | None = None
+    speed: float = 1.0
+    no_repeat_ngram: int = 0
+
+    def rows(self, data: Path, split: str) -> list[dict]:
+        rows = read_manifest(data, split).to_dicts()[: self.limit][self.shard[0]:: self.shard[1]]
+        return rows if self.ids is None else [r for r in rows if r["id"] in self.ids]
+
+
+def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | None,
+             opts: EvalOptions = EvalOptions()) -> dict[str, float]:
+    """Full-cache greedy truncated WER of ``adapter`` on ``splits``; one record per clip to
+    ``out`` (JSON lines) as it goes; returns the corpus WER per split."""
     torch.set_num_threads(1)
-    options = generation_options(no_repeat_ngram)
+    options = generation_options(opts.no_repeat_ngram)
+    if not 0.5 <= opts.speed <= 2.0:
+        raise ValueError(f"--speed {opts.speed}: a factor from 0.5 to 2")
     model, proc = load_minivox(minivox_dir(adapter))
     results: dict[str, float] = {}
     fh = out.open("w") if out else None
     for split in splits:
-        rows = read_manifest(data, split).to_dicts()[:limit][shard[0]::shard[1]]
+        rows = opts.rows(data, split)
         clip_scores = []
         for r in rows:
             audio, _ = sf.read(r["abs_path"], dtype="float32")
+            audio = resample_speed(audio, opts.speed)
             inp = proc(audio=audio)
             n_in = inp["input_ids"].shape[1]
             # enough tokens for 1.2x the reference words (the WER truncation) at ~1.4 tokens/word
@@ -65,7 +92,7 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, limit: int | N
             rec = {"split": split, "id": r["id"], "duration": r["duration"], "wer": w,
                    "errors": scores.errors, "ref_words": scores.ref_words,
                    "n_prompt": n_in, "n_gen": int(gen.numel()), "wall_s": wall,
-                   "no_repeat_ngram": no_repeat_ngram,
+                   "no_repeat_ngram": opts.no_repeat_ngram, "speed": opts.speed,
                    "ref": r["text"], "hyp": hyp}
             print(f"{split} {r['id']} {r['duration']:.0f}s WER {w:.3f} gen {gen.numel()} tok "
                   f"in {wall:.1f}s", flush=True)
@@ -112,13 +139,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
                     help="never generate an n-gram of N tokens twice (an experiment; default 0: "
                     "plain greedy, the paper's protocol)")
+    ap.add_argument("--ids", default=None, help="only these clips (comma-separated ids)")
+    ap.add_argument("--speed", type=float, default=1.0, metavar="F",
+                    help="play every clip F times faster (resampled: tempo and pitch together; "
+                    "below 1 slower); an experiment, default 1: as recorded")
     ap.add_argument("--summarise", nargs="*", type=Path, default=None,
                     help="only print corpus WER per split from these --out files")
     a = ap.parse_args(argv)
     if a.summarise:
         summarise(a.summarise)
         return
-    res = evaluate(a.data, a.splits, a.adapter, a.limit, a.out, a.shard, a.no_repeat_ngram)
+    opts = EvalOptions(limit=a.limit, shard=a.shard, speed=a.speed, no_repeat_ngram=a.no_repeat_ngram,
+                       ids=frozenset(a.ids.split(",")) if a.ids else None)
+    res = evaluate(a.data, a.splits, a.adapter, a.out, opts)
     for k, v in res.items():
         print(f"{k}\tWER\t{v:.4f}")
 

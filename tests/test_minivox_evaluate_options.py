@@ -1,0 +1,36 @@
+"""python -m kvsim.minivox.evaluate: which clips an evaluation decodes (--limit, --shard, --ids)
+and the --speed experiment's range."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from kvsim.minivox.evaluate import EvalOptions, evaluate
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    ids = [f"t-{i:05d}" for i in range(6)]
+    pl.DataFrame({"id": ids, "split": ["t"] * 6, "audio_path": [f"audio/{i}.flac" for i in ids]}
+                 ).write_parquet(tmp_path / "manifest.parquet")
+    return tmp_path
+
+
+def _ids(rows):
+    return [r["id"] for r in rows]
+
+
+def test_limit_then_shard_then_ids(corpus):
+    assert _ids(EvalOptions().rows(corpus, "t")) == [f"t-{i:05d}" for i in range(6)]
+    assert _ids(EvalOptions(limit=4, shard=(1, 2)).rows(corpus, "t")) == ["t-00001", "t-00003"]
+    picked = EvalOptions(ids=frozenset({"t-00005", "t-00002", "nope"})).rows(corpus, "t")
+    assert _ids(picked) == ["t-00002", "t-00005"]  # manifest order, unknown ids ignored
+    assert _ids(EvalOptions(limit=3, ids=frozenset({"t-00005"})).rows(corpus, "t")) == []
+    assert picked[0]["abs_path"] == f"{corpus}/audio/t-00002.flac"
+
+
+@pytest.mark.parametrize("speed", [0.49, 2.01, 0.0])
+def test_a_speed_out_of_range_fails_before_the_model_loads(corpus, speed):
+    with pytest.raises(ValueError, match="--speed"):
+        evaluate(corpus, ["t"], None, None, EvalOptions(speed=speed))
