@@ -1,7 +1,8 @@
 """Corpus WER of every method of a live run folder (or of several minivox evaluations)
 against one baseline, paired by clip, with clip-bootstrap 95% intervals of the difference.
 
-Every method of a ``kvsim live`` folder (or study ``live`` folder) decoded the same clips,
+Every method of a ``kvsim live`` folder (or study ``live`` folder) decoded the same clips (a
+method: a label at one budget, ``snapkv@0.2``, when the folder holds it at several),
 so the difference of two methods' corpus WER (errors over reference words, summed over
 clips, WnW §3.5) is resampled over clips, the same clips for both sides: this says whether
 a method differs from the baseline by more than the choice of clips. The ``--out`` files of
@@ -28,6 +29,7 @@ from kvsim.studies.fidelity_stats import bootstrap, bootstrap_draws
 def paired_table(runs: pl.DataFrame, baseline: str, n_boot: int = 10000, seed: int = 0) -> pl.DataFrame:
     """One row per method label: its corpus WER, the difference to the method whose label
     contains ``baseline`` and that difference's clip-bootstrap 95% interval."""
+    runs = method_labels(runs)
     labels = sorted(set(runs["label"].to_list()))
     base = [lab for lab in labels if baseline in lab]
     if len(base) != 1:
@@ -51,6 +53,19 @@ def paired_table(runs: pl.DataFrame, baseline: str, n_boot: int = 10000, seed: i
         out.append({"label": lab, "clips": len(clips), "wer": wer(lab, np.arange(len(clips))),
                     "diff": diff.value, "diff_low": diff.low, "diff_high": diff.high})
     return pl.DataFrame(out)
+
+
+def method_labels(runs: pl.DataFrame) -> pl.DataFrame:
+    """``runs`` with each label that a grid decoded at several budgets split into one method
+    per budget (``snapkv@0.2``, ``snapkv@0.4``, ...); a label with one budget (``full``, WnW's
+    per-budget ``wnw(lam=...)``) keeps its name."""
+    if "budget" not in runs.columns:
+        return runs
+    several = runs.group_by("label").agg(pl.col("budget").n_unique().alias("n"))
+    several = set(several.filter(pl.col("n") > 1)["label"].to_list())
+    tagged = [f"{lab}@{b:g}" if lab in several else lab
+              for lab, b in zip(runs["label"], runs["budget"], strict=True)]
+    return runs.with_columns(pl.Series("label", tagged))
 
 
 def evaluation_runs(files: list[Path]) -> pl.DataFrame:

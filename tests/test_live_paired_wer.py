@@ -61,3 +61,17 @@ def test_minivox_evaluations_pair_by_clip(tmp_path, capsys):
         script.read_runs([files[0], tmp_path / "runs.parquet"])
     assert script.main([str(files[0]), str(write("broken", [1])), "--baseline", "guided"]) == 2
     assert "matches 0 methods" in capsys.readouterr().err
+
+
+def test_a_grid_pairs_each_label_at_each_budget():
+    """A table5 grid holds snapkv at four budgets: each budget is a method of its own; a label
+    decoded at one budget (full, WnW's per-budget λ) keeps its name."""
+    script = _script()
+    rows = [("c0", "full", 1.0, 1, 10), ("c1", "full", 1.0, 1, 10),
+            ("c0", "snapkv", 0.2, 5, 10), ("c1", "snapkv", 0.2, 7, 10),
+            ("c0", "snapkv", 0.8, 2, 10), ("c1", "snapkv", 0.8, 1, 10),
+            ("c0", "wnw(lam=2)", 0.2, 2, 10), ("c1", "wnw(lam=2)", 0.2, 2, 10)]
+    runs = pl.DataFrame(rows, schema=["input", "label", "budget", "wer_errors", "ref_words"], orient="row")
+    table = script.paired_table(runs, "full", n_boot=200)
+    wer = dict(zip(table["label"], table["wer"], strict=True))
+    assert wer == pytest.approx({"full": 0.1, "snapkv@0.2": 0.6, "snapkv@0.8": 0.15, "wnw(lam=2)": 0.2})
