@@ -77,6 +77,7 @@ class Table5Info:
     model: str = "minivox"
     max_seconds: float | None = None  #: clips (and references) cropped to this length
     lambda_fit: str = "measured"  #: how ``lambdas`` were fitted (measured | prefill)
+    max_new_tokens: int | None = None  #: the token cap of the runs
 
 
 def run_lambdas(runs: pl.DataFrame) -> dict[float, float | None]:
@@ -263,11 +264,39 @@ def table5_notes(runs: pl.DataFrame, info: Table5Info) -> list[str]:
              "Reading the tables: WER above 100% means the hypothesis ran past the reference "
              "(a method that fails to terminate); WnW's r_GPU+CPU above its r_GPU is the CPU "
              "complement its tidal heads can recall (the paper's 41.5% at a 0.2 target)."]
+    cut = cap_note(runs, info.max_new_tokens)
+    if cut:
+        notes.append(cut)
     if info.sources:
         folders = sorted({f for v in info.sources.values() for f in v.split(", ")})
         notes.append("Runs read from existing `kvsim live` folders: " + ", ".join(f"`{f}`" for f in folders)
                      + (f"; decoded by this study: {', '.join(info.decoded)}." if info.decoded else "."))
     return notes
+
+
+def cap_note(runs: pl.DataFrame, max_new_tokens: int | None) -> str | None:
+    """A warning naming the clips whose complete transcript needs more tokens than the cap:
+    their reference words times the tokens per word of the runs that ended by themselves (a
+    run cut by the cap scores deletions the cap made, not the method's errors). None when the
+    cap covers every clip, or no run ended by itself to measure tokens per word on."""
+    need = {"terminated", "tokens", "hypothesis", "ref_words", "input"}
+    if max_new_tokens is None or not need <= set(runs.columns):
+        return None
+    ended = runs.filter(pl.col("terminated"))
+    words = ended["hypothesis"].str.extract_all(r"\S+").list.len().sum()
+    if ended.height == 0 or not words:
+        return None
+    per_word = float(ended["tokens"].sum()) / float(words)
+    clips = runs.group_by("input", maintain_order=True).agg(pl.col("ref_words").first())
+    short = clips.filter(pl.col("ref_words") * per_word > max_new_tokens)
+    if short.height == 0:
+        return None
+    worst = int(short["ref_words"].max() * per_word)
+    return (f"Warning: the token cap (--max-new-tokens {max_new_tokens}) is below what a complete "
+            f"transcript needs on {short.height} of {clips.height} clips ({', '.join(short['input'])}; "
+            f"up to ~{worst} tokens at the {per_word:.2f} tokens per word of the runs that ended "
+            "by themselves): there WER counts the words the cap cut, not the method's errors. "
+            "Raise the cap (minivox's evaluation gives a clip 1.7 tokens per reference word + 10).")
 
 
 @dataclass
@@ -343,6 +372,8 @@ def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print)
         runs = decode_missing(runs, groups, items, cfg, scores, out, log)
     info = Table5Info(inputs=inputs, split=cfg.split, sources=sources, model=cfg.grid.model,
                       max_seconds=cfg.max_seconds, lambda_fit=cfg.lambda_fit,
-                      lambdas={p.spec.budget: lambda_of(p) for p in plan if p.spec.name == "wnw"},
+                      max_new_tokens=cfg.max_new_tokens, lambdas={p.spec.budget: lambda_of(p) for p in plan if p.spec.name == "wnw"},
                       decoded=sorted({f"{p.spec.label}@{p.spec.budget:g}" for g, _ in groups for p in g}))
+    if (cut := cap_note(runs, info.max_new_tokens)) is not None:
+        log(cut)
     return table5_report(runs, cfg.budgets, info)

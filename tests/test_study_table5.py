@@ -172,3 +172,22 @@ def test_lambda_note_reads_the_runs_labels_when_no_fit_was_made():
     assert "policy labels" in text
     fitted = " ".join(table5_notes(runs, Table5Info(inputs=["a"], lambdas={0.2: 1.5}, lambda_fit="measured")))
     assert "λ = 1.5" in fitted and "measured r_GPU" in fitted
+
+
+def test_a_cap_below_a_complete_transcript_is_said():
+    """The cap is checked against each clip's reference words times the tokens per word of the
+    runs that ended by themselves (here 10 tokens for 5 words: 2 per word): a clip of 40
+    reference words needs ~80 tokens, so a cap of 60 cuts it and a cap of 80 does not."""
+    from kvsim.studies.table5 import Table5Info, cap_note, table5_notes
+
+    runs = pl.DataFrame({
+        "input": ["a", "b", "a", "b"], "label": ["full", "full", "snapkv", "snapkv"], "budget": [1.0, 1.0, 0.2, 0.2],
+        "terminated": [True, True, False, False], "tokens": [4, 6, 60, 60],
+        "hypothesis": ["one two", "three four five", "x " * 60, "y"], "ref_words": [20, 40, 20, 40]})
+    note = cap_note(runs, 60)
+    assert note.startswith("Warning: the token cap (--max-new-tokens 60) is below what a complete "
+                           "transcript needs on 1 of 2 clips (b; up to ~80 tokens at the 2.00")
+    assert note in " ".join(table5_notes(runs, Table5Info(inputs=["a", "b"], max_new_tokens=60)))
+    assert cap_note(runs, 80) is None and cap_note(runs, None) is None
+    assert cap_note(runs.with_columns(pl.lit(False).alias("terminated")), 10) is None  # nothing to measure on
+    assert all("token cap" not in n for n in table5_notes(runs, Table5Info(inputs=["a", "b"], max_new_tokens=80)))
