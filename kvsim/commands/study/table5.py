@@ -32,7 +32,7 @@ def table5(
     ids: Annotated[str | None, typer.Option(help="These clips instead (comma-separated ids)")] = None,
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Methods, comma-separated (default: the study's ten)")] = None,
     budget: Annotated[str, typer.Option("--budget", "-b", help="Target r_GPU values")] = "0.2,0.4,0.6,0.8",
-    max_new_tokens: Annotated[int, typer.Option(help="Token cap per clip (630 for test_long)")] = 300,
+    max_new_tokens: Annotated[int, typer.Option(help="Token cap per clip: enough for the longest transcript (minivox: 1.7 per reference word + 10)")] = 300,
     max_seconds: Annotated[float | None, typer.Option(help="Crop each clip (and its reference) to this length")] = None,
     heads: Annotated[Path, typer.Option(help="heads.json for WnW / AudioKV")] = Path("minivox/heads.json"),
     calibration_traces: Annotated[list[str] | None, typer.Option(help="Traces to fit WnW's λ per budget on (WnW §3.4); repeat or comma-separate")] = None,
