@@ -372,7 +372,8 @@ def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print)
         runs = decode_missing(runs, groups, items, cfg, scores, out, log)
     info = Table5Info(inputs=inputs, split=cfg.split, sources=sources, model=cfg.grid.model,
                       max_seconds=cfg.max_seconds, lambda_fit=cfg.lambda_fit,
-                      max_new_tokens=cfg.max_new_tokens, lambdas={p.spec.budget: lambda_of(p) for p in plan if p.spec.name == "wnw"},
+                      max_new_tokens=cfg.max_new_tokens,
+                      lambdas={p.spec.budget: lambda_of(p) for p in plan if p.spec.name == "wnw"},
                       decoded=sorted({f"{p.spec.label}@{p.spec.budget:g}" for g, _ in groups for p in g}))
     if (cut := cap_note(runs, info.max_new_tokens)) is not None:
         log(cut)
