@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,13 @@ class EvalOptions:
     no_repeat_ngram: int = 0
 
     def rows(self, data: Path, split: str) -> list[dict]:
-        rows = read_manifest(data, split).to_dicts()[: self.limit][self.shard[0]:: self.shard[1]]
+        """The manifest rows to decode; ValueError naming an id the split does not hold."""
+        every = read_manifest(data, split).to_dicts()
+        unknown = sorted((self.ids or set()) - {r["id"] for r in every})
+        if unknown:
+            raise ValueError(f"{data}: split {split!r} has no clip {unknown[0]!r} "
+                             f"({len(unknown)} of the --ids unknown)")
+        rows = every[: self.limit][self.shard[0]:: self.shard[1]]
         return rows if self.ids is None else [r for r in rows if r["id"] in self.ids]
 
 
@@ -67,11 +74,11 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | No
     options = generation_options(opts.no_repeat_ngram)
     if not 0.5 <= opts.speed <= 2.0:
         raise ValueError(f"--speed {opts.speed}: a factor from 0.5 to 2")
+    selected = {split: opts.rows(data, split) for split in splits}  # bad options fail first
     model, proc = load_minivox(minivox_dir(adapter))
     results: dict[str, float] = {}
     fh = out.open("w") if out else None
-    for split in splits:
-        rows = opts.rows(data, split)
+    for split, rows in selected.items():
         clip_scores = []
         for r in rows:
             audio, _ = sf.read(r["abs_path"], dtype="float32")
@@ -151,7 +158,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     opts = EvalOptions(limit=a.limit, shard=a.shard, speed=a.speed, no_repeat_ngram=a.no_repeat_ngram,
                        ids=frozenset(a.ids.split(",")) if a.ids else None)
-    res = evaluate(a.data, a.splits, a.adapter, a.out, opts)
+    try:
+        res = evaluate(a.data, a.splits, a.adapter, a.out, opts)
+    except (ValueError, FileNotFoundError) as exc:
+        sys.exit(f"error: {exc}")
     for k, v in res.items():
         print(f"{k}\tWER\t{v:.4f}")
 

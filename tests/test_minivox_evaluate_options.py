@@ -24,8 +24,8 @@ def _ids(rows):
 def test_limit_then_shard_then_ids(corpus):
     assert _ids(EvalOptions().rows(corpus, "t")) == [f"t-{i:05d}" for i in range(6)]
     assert _ids(EvalOptions(limit=4, shard=(1, 2)).rows(corpus, "t")) == ["t-00001", "t-00003"]
-    picked = EvalOptions(ids=frozenset({"t-00005", "t-00002", "nope"})).rows(corpus, "t")
-    assert _ids(picked) == ["t-00002", "t-00005"]  # manifest order, unknown ids ignored
+    picked = EvalOptions(ids=frozenset({"t-00005", "t-00002"})).rows(corpus, "t")
+    assert _ids(picked) == ["t-00002", "t-00005"]  # manifest order
     assert _ids(EvalOptions(limit=3, ids=frozenset({"t-00005"})).rows(corpus, "t")) == []
     assert picked[0]["abs_path"] == f"{corpus}/audio/t-00002.flac"
 
@@ -34,3 +34,13 @@ def test_limit_then_shard_then_ids(corpus):
 def test_a_speed_out_of_range_fails_before_the_model_loads(corpus, speed):
     with pytest.raises(ValueError, match="--speed"):
         evaluate(corpus, ["t"], None, None, EvalOptions(speed=speed))
+
+
+def test_an_unknown_id_is_one_line_naming_it(corpus, capsys):
+    from kvsim.minivox.evaluate import main
+
+    with pytest.raises(ValueError, match="split 't' has no clip 'nope' \\(1 of the --ids unknown\\)"):
+        EvalOptions(ids=frozenset({"t-00001", "nope"})).rows(corpus, "t")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--data", str(corpus), "--splits", "t", "--ids", "t-00001,nope"])
+    assert str(exit_.value) == f"error: {corpus}: split 't' has no clip 'nope' (1 of the --ids unknown)"
