@@ -114,12 +114,28 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | No
     return results
 
 
+def read_records(files: list[Path], fields: tuple[str, ...] = ()) -> list[dict]:
+    """The clip records of ``--out`` files, in order; ValueError naming the file, line and
+    field of a record that lacks one of ``fields``."""
+    recs = []
+    for path in files:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            missing = [f for f in fields if f not in rec]
+            if missing:
+                raise ValueError(f"{path}: line {n}: no field {missing[0]!r}")
+            recs.append(rec)
+    return recs
+
+
 def summarise(files: list[Path]) -> dict[str, float]:
     """Corpus WER per split over the records of several ``--out`` files."""
     from . import load_processor
 
     tokenizer = load_processor(minivox_dir()).tokenizer
-    recs = [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
+    recs = read_records(files)
     out = {}
     for split in sorted({r["split"] for r in recs}):
         rs = [r for r in recs if r["split"] == split]

@@ -72,10 +72,11 @@ def evaluation_runs(files: list[Path]) -> pl.DataFrame:
     """The ``--out`` records of ``kvsim.minivox.evaluate`` as runs (label: the file's stem);
     records written before they carried ``errors`` are re-scored from their text with
     minivox's tokenizer, as the evaluation scored them (token-truncated WER, WnW §3.5)."""
+    from kvsim.minivox.evaluate import read_records
+
     tokenizer, rows = None, []
     for f in files:
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
+        for rec in read_records([f]):
             if "errors" not in rec:
                 from kvsim.minivox import load_processor, minivox_dir
                 from kvsim.wer import truncated_wer

@@ -13,13 +13,13 @@ words per minute), ``voice`` and ``duration``. ``--bands 160,180`` splits the ra
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import polars as pl
 from scipy.stats import spearmanr
 
+from kvsim.minivox.evaluate import read_records
 from kvsim.wer import average_wer
 
 FIELDS = ("id", "errors", "ref_words")
@@ -27,16 +27,7 @@ FIELDS = ("id", "errors", "ref_words")
 
 def read_evaluations(files: list[Path]) -> pl.DataFrame:
     """One row per clip record; ValueError naming the file, line and field of a bad record."""
-    rows = []
-    for path in files:
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            missing = [f for f in FIELDS if f not in rec]
-            if missing:
-                raise ValueError(f"{path}: line {n}: no field {missing[0]!r}")
-            rows.append({f: rec[f] for f in FIELDS})
+    rows = [{f: rec[f] for f in FIELDS} for rec in read_records(files, FIELDS)]
     if not rows:
         raise ValueError(f"{', '.join(map(str, files))}: no clip records")
     return pl.DataFrame(rows)

@@ -279,11 +279,11 @@ def cap_note(runs: pl.DataFrame, max_new_tokens: int | None) -> str | None:
     their reference words times the tokens per word of the runs that ended by themselves (a
     run cut by the cap scores deletions the cap made, not the method's errors). None when the
     cap covers every clip, or no run ended by itself to measure tokens per word on."""
-    need = {"terminated", "tokens", "hypothesis", "ref_words", "input"}
+    need = {"terminated", "tokens", "length_ratio", "ref_words", "input"}
     if max_new_tokens is None or not need <= set(runs.columns):
         return None
     ended = runs.filter(pl.col("terminated"))
-    words = ended["hypothesis"].str.extract_all(r"\S+").list.len().sum()
+    words = (ended["length_ratio"] * ended["ref_words"]).sum()  # normalised hypothesis words
     if ended.height == 0 or not words:
         return None
     per_word = float(ended["tokens"].sum()) / float(words)
@@ -375,6 +375,8 @@ def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print)
                       max_new_tokens=cfg.max_new_tokens,
                       lambdas={p.spec.budget: lambda_of(p) for p in plan if p.spec.name == "wnw"},
                       decoded=sorted({f"{p.spec.label}@{p.spec.budget:g}" for g, _ in groups for p in g}))
-    if (cut := cap_note(runs, info.max_new_tokens)) is not None:
-        log(cut)
-    return table5_report(runs, cfg.budgets, info)
+    report = table5_report(runs, cfg.budgets, info)
+    for note in report.notes:
+        if note.startswith("Warning:"):  # cap_note's, computed once with the notes
+            log(note)
+    return report

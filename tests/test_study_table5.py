@@ -183,7 +183,7 @@ def test_a_cap_below_a_complete_transcript_is_said():
     runs = pl.DataFrame({
         "input": ["a", "b", "a", "b"], "label": ["full", "full", "snapkv", "snapkv"], "budget": [1.0, 1.0, 0.2, 0.2],
         "terminated": [True, True, False, False], "tokens": [4, 6, 60, 60],
-        "hypothesis": ["one two", "three four five", "x " * 60, "y"], "ref_words": [20, 40, 20, 40]})
+        "length_ratio": [2 / 20, 3 / 40, 60 / 20, 1 / 40], "ref_words": [20, 40, 20, 40]})
     note = cap_note(runs, 60)
     assert note.startswith("Warning: the token cap (--max-new-tokens 60) is below what a complete "
                            "transcript needs on 1 of 2 clips (b; up to ~80 tokens at the 2.00")
