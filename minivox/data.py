@@ -43,7 +43,10 @@ VOICES = [
     "en-us", "en-us+f2", "en-us+m3", "en-us+f4", "en", "en+f3", "en-gb-x-rp",
     "en-gb-x-rp+m2", "en-029", "en-gb-scotland+f1", "en-us-nyc", "en-gb-x-gbclan", "en-gb-x-gbcwmd",
 ]
-TRAIN_RATES = (135, 195)  # words/min, inclusive: every split but test_new
+TRAIN_RATES = (135, 195)  # words/min, inclusive: every split but test_new and train_longform_fast
+# train_longform_fast: fast long-form speech (test_long's clips at >= 180 words/min lose the most
+# words, docs/minivox.md "Next steps"), below test_new's fast band so that band stays held out
+FAST_LONGFORM_RATES = (180, 199)
 # test_new: base voices with variants no training voice uses (training: f1-f4, m2, m3), and
 # speaking rates outside TRAIN_RATES; clip i gets voice i % 6 and band (i // 6) % 2, so every
 # voice speaks once slowly and once fast.
@@ -66,8 +69,8 @@ class SplitSpec:
     # only: WordNet sentences and the anarchism fortunes, see :mod:`.extra_text`) or "prose"
     # (held-out report prose in reading order, see :mod:`.heldout_text`)
     pool: str | None = None
-    # fixed voices and rate bands (clip i: voices[i % n], band (i // n) % len(bands));
-    # None: a random training voice and a rate in TRAIN_RATES
+    # fixed voices and rate bands (clip i: voices[i % n], band (i // n) % len(bands), see
+    # clip_voice_and_rates); None: a random training voice, a rate in TRAIN_RATES
     voices: tuple[str, ...] | None = None
     rate_bands: tuple[tuple[int, int], ...] | None = None
     # where in the (shuffled) pool the first clip starts, as a fraction of the pool: lets two
@@ -87,6 +90,12 @@ class DataConfig:
         # continuous 1-4 min speech of text the model has not been trained on (train_wide's
         # 7,200 clips read the first 24% of the extra pool; this split starts at half of it)
         SplitSpec("train_longform", 400, 60.0, 240.0, pool="extra", start=0.5),
+        # the same, spoken fast, of text after train_longform's (which reads about 12% of the
+        # pool from its middle on)
+        SplitSpec("train_longform_fast", 160, 60.0, 240.0, pool="extra", start=0.7,
+                  rate_bands=(FAST_LONGFORM_RATES,)),
+        # its control: as many clips at the training rates, of text after the fast split's
+        SplitSpec("train_longform_2", 160, 60.0, 240.0, pool="extra", start=0.8),
         SplitSpec("dev", 24, 8.0, 29.0),
         SplitSpec("test_30_60", 20, 30.0, 60.0),
         # 32 clips (8 until 2026-12-03: clip i depends only on (seed, split, i) and the
@@ -281,6 +290,20 @@ def make_clip(tts, pool: list[str], cursor: int, rng: random.Random, min_s: floa
     }, cursor
 
 
+def clip_voice_and_rates(spec: SplitSpec, i: int) -> tuple[str | None, tuple[int, int]]:
+    """Clip ``i``'s voice (None: drawn from :data:`VOICES`) and speaking-rate range.
+
+    With ``spec.voices`` clip ``i`` gets ``voices[i % n]`` and rate band ``(i // n) % len(bands)``
+    (every voice speaks in every band); without, a drawn voice and band ``i % len(bands)``;
+    without ``spec.rate_bands`` the band is :data:`TRAIN_RATES`.
+    """
+    bands = spec.rate_bands or (TRAIN_RATES,)
+    if spec.voices:
+        n = len(spec.voices)
+        return spec.voices[i % n], bands[(i // n) % len(bands)]
+    return None, bands[i % len(bands)]
+
+
 def _generate_split(out: Path, cfg: DataConfig, spec: SplitSpec) -> None:
     """Synthesise one split into ``<out>/parts/<split>.parquet`` (run in a fresh process)."""
     import polars as pl
@@ -310,11 +333,7 @@ def _generate_split(out: Path, cfg: DataConfig, spec: SplitSpec) -> None:
     rows = []
     for i in tqdm(range(spec.n_clips), desc=spec.name, mininterval=5):
         rng = random.Random(_clip_seed(cfg.seed, spec.name, i))
-        voice, rates = None, TRAIN_RATES
-        if spec.voices:
-            voice = spec.voices[i % len(spec.voices)]
-            bands = spec.rate_bands or (TRAIN_RATES,)
-            rates = bands[(i // len(spec.voices)) % len(bands)]
+        voice, rates = clip_voice_and_rates(spec, i)
         if spec.pool == "prose":
             # passages spread over the text in reading order, none overlapping the last
             cursor = max(cursor, i * len(pool) // spec.n_clips)

@@ -574,6 +574,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     """
     speeds = parse_factors(cfg.speed_perturb)  # a bad spec fails before the model loads
     check_training_options(cfg)
+    rows = TrainingRows.read(data, cfg)  # so does a missing split
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     world, rank = data_parallel()
@@ -585,7 +586,6 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
         (run / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
     model, proc, proj, lora = trainable_model(cfg)
     opt, sched = optimizer(cfg, proj, lora)
-    rows = TrainingRows.read(data, cfg)
     train_rows, dev_rows = rows.train, rows.dev
     step, best = start_or_resume(run, model, proc, opt, sched, train_rows, data,
                                  init_projector, init_adapter, lead)
@@ -710,6 +710,10 @@ def main(argv: list[str] | None = None) -> None:
         prefill_cache(args.data, args.prefill_cache, args.shard)
         return
     cfg = config_from_args(args)
+    try:
+        TrainingRows.read(args.data, cfg)
+    except (FileNotFoundError, ValueError) as e:  # a missing manifest or split: one line
+        raise SystemExit(f"error: {e}") from None
     train(args.data, args.run, cfg, REPO_WEIGHTS if args.export else None, args.init_projector,
           args.init_adapter)
 

@@ -145,3 +145,50 @@ def test_clip_ranges_parse_or_fail_in_one_line():
     for bad in ("3", "a:b", "5:5", "-1:4"):
         with pytest.raises(argparse.ArgumentTypeError, match="LO"):
             parse_clips(bad)
+
+
+def test_clip_voice_and_rates_cycles_bands_with_and_without_fixed_voices():
+    from kvsim.minivox.data import TRAIN_RATES, SplitSpec, clip_voice_and_rates
+
+    plain = SplitSpec("x", 4, 8.0, 29.0)
+    assert [clip_voice_and_rates(plain, i) for i in range(3)] == [(None, TRAIN_RATES)] * 3
+    banded = SplitSpec("x", 4, 8.0, 29.0, rate_bands=((1, 2), (3, 4)))
+    assert [clip_voice_and_rates(banded, i) for i in range(4)] == [
+        (None, (1, 2)), (None, (3, 4)), (None, (1, 2)), (None, (3, 4))]
+    voiced = SplitSpec("x", 4, 8.0, 29.0, voices=("a", "b"), rate_bands=((1, 2), (3, 4)))
+    assert [clip_voice_and_rates(voiced, i) for i in range(5)] == [
+        ("a", (1, 2)), ("b", (1, 2)), ("a", (3, 4)), ("b", (3, 4)), ("a", (1, 2))]
+
+
+def test_fast_longform_split_is_fast_and_keeps_test_new_rates_held_out():
+    from kvsim.minivox.data import FAST_LONGFORM_RATES, TRAIN_RATES
+
+    splits = {s.name: s for s in DataConfig().splits}
+    fast = splits["train_longform_fast"]
+    assert fast.rate_bands == (FAST_LONGFORM_RATES,) and fast.voices is None
+    assert TRAIN_RATES[0] < FAST_LONGFORM_RATES[0] < TRAIN_RATES[1] < FAST_LONGFORM_RATES[1]
+    # every rate any training split speaks at lies outside test_new's bands
+    trained = [b for s in splits.values() if s.name != "test_new" for b in (s.rate_bands or (TRAIN_RATES,))]
+    for lo, hi in splits["test_new"].rate_bands:
+        assert all(hi < a or lo > b for a, b in trained), (lo, hi)
+    # it reads the extra pool after train_longform, which starts at its middle
+    assert fast.pool == "extra" and fast.start > splits["train_longform"].start
+
+
+def test_longform_pool_windows_do_not_overlap():
+    """train_wide, train_longform, train_longform_fast and train_longform_2 read disjoint
+    windows of the extra pool: each window's words (clips x mean duration x top rate) fit before the next start."""
+    from kvsim.minivox.data import FAST_LONGFORM_RATES, TRAIN_RATES
+
+    pool_words = 1_376_005  # the extra pool's size (load_extra_texts on the Debian packages)
+    splits = {s.name: s for s in DataConfig().splits}
+
+    def end(name, top_rate):
+        s = splits[name]
+        words = s.n_clips * (s.min_s + s.max_s) / 2 / 60 * top_rate
+        return s.start + words / pool_words
+
+    assert end("train_wide", TRAIN_RATES[1]) < splits["train_longform"].start
+    assert end("train_longform", TRAIN_RATES[1]) < splits["train_longform_fast"].start
+    assert end("train_longform_fast", FAST_LONGFORM_RATES[1]) < splits["train_longform_2"].start
+    assert end("train_longform_2", TRAIN_RATES[1]) < 1.0

@@ -99,9 +99,7 @@ def test_test_new_split_is_held_out_by_construction():
     # every rate band lies outside the training rates, and each voice gets each band
     lo, hi = D.TRAIN_RATES
     assert all(b < lo or a > hi for a, b in spec.rate_bands)
-    pairs = {(spec.voices[i % len(spec.voices)],
-              spec.rate_bands[(i // len(spec.voices)) % len(spec.rate_bands)])
-             for i in range(spec.n_clips)}
+    pairs = {D.clip_voice_and_rates(spec, i) for i in range(spec.n_clips)}
     assert len(pairs) == len(spec.voices) * len(spec.rate_bands)
     # the other splits keep the training voices and rates
     assert all(s.voices is None for s in D.DataConfig().splits if s.name != "test_new")

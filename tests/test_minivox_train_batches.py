@@ -150,3 +150,24 @@ def test_data_offset_continues_the_data_order_where_a_run_stopped() -> None:
     assert then != heard
     with pytest.raises(ValueError, match="--data-offset -1"):
         check_training_options(TrainConfig(data_offset=-1))
+
+
+def test_a_missing_split_is_one_line_before_the_model_loads(tmp_path, monkeypatch):
+    import polars as pl
+
+    from kvsim.minivox import train as T
+
+    pl.DataFrame({"id": ["train_wide-00000"], "split": ["train_wide"],
+                  "audio_path": ["audio/train_wide/train_wide-00000.flac"]}).write_parquet(
+        tmp_path / "manifest.parquet")
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded before the manifest was checked")
+
+    monkeypatch.setattr(T, "train", no_model)
+    with pytest.raises(SystemExit) as e:
+        T.main(["--data", str(tmp_path), "--train-splits", "train_wide", "--p-long", "0"])
+    msg = str(e.value)
+    assert "\n" not in msg and "manifest.parquet" in msg and "'dev'" in msg
+    with pytest.raises(SystemExit, match="manifest not found"):
+        T.main(["--data", str(tmp_path / "nowhere")])
