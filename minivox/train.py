@@ -83,8 +83,9 @@ class TrainConfig:
     align_margin: float = 0.4
     # also guide the query that predicts the end token onto the end of the speech
     align_end: bool = False
-    # a manifest split of continuous long-form clips (e.g. ``train_longform``): when set, a
-    # long-form step (``p_concat``) takes one of its clips instead of joining train_long clips
+    # comma-separated manifest splits of continuous long-form clips (e.g. ``train_longform``,
+    # or ``train_longform_fast,train_longform_2`` for both rate ranges): when set, a long-form
+    # step (``p_concat``) takes one of their clips instead of joining train_long clips
     longform_split: str = ""
     # speed perturbation (kvsim.minivox.augment): comma-separated factors, one drawn per clip
     # and step (Kaldi's "0.9,1.0,1.1"); empty: every clip at its recorded speed
@@ -549,13 +550,17 @@ class TrainingRows:
         """Read only the splits ``cfg`` draws from (``p_long``, ``p_concat``, ``longform_split``)."""
         joins = cfg.p_concat > 0 and not cfg.longform_split
         return cls(
-            train=[r for split in cfg.train_splits.split(",")
-                   for r in read_manifest(data, split).to_dicts()],
+            train=manifest_rows(data, cfg.train_splits),
             dev=read_manifest(data, "dev").to_dicts()[: cfg.eval_clips],
             long=read_manifest(data, "train_long").to_dicts() if cfg.p_long > 0 or joins else [],
-            longform=(read_manifest(data, cfg.longform_split).to_dicts()
+            longform=(manifest_rows(data, cfg.longform_split)
                       if cfg.longform_split and cfg.p_concat > 0 else []),
         )
+
+
+def manifest_rows(data: Path, splits: str) -> list[dict]:
+    """The rows of the comma-separated manifest ``splits``, in that order."""
+    return [r for split in splits.split(",") for r in read_manifest(data, split).to_dicts()]
 
 
 def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,

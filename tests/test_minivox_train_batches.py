@@ -171,3 +171,24 @@ def test_a_missing_split_is_one_line_before_the_model_loads(tmp_path, monkeypatc
     assert "\n" not in msg and "manifest.parquet" in msg and "'dev'" in msg
     with pytest.raises(SystemExit, match="manifest not found"):
         T.main(["--data", str(tmp_path / "nowhere")])
+
+
+def test_longform_rows_come_from_every_named_split_in_order(tmp_path):
+    import polars as pl
+
+    from kvsim.minivox.train import TrainingRows
+
+    ids = ["train_longform_fast-00000", "train_longform_2-00000", "train_longform_2-00001",
+           "train_wide-00000", "dev-00000"]
+    pl.DataFrame({"id": ids, "split": [i.rsplit("-", 1)[0] for i in ids],
+                  "audio_path": [f"audio/{i}.flac" for i in ids]}).write_parquet(
+        tmp_path / "manifest.parquet")
+    cfg = TrainConfig(p_long=0.0, p_concat=0.5, train_splits="train_wide",
+                      longform_split="train_longform_fast,train_longform_2")
+    rows = TrainingRows.read(tmp_path, cfg)
+    assert [r["id"] for r in rows.longform] == ids[:3]
+    assert [r["id"] for r in rows.train] == ["train_wide-00000"] and rows.long == []
+    # without long-form steps no long-form split is read, a missing one included
+    none = TrainingRows.read(tmp_path, TrainConfig(p_long=0.0, p_concat=0.0,
+                                                   train_splits="train_wide", longform_split="gone"))
+    assert none.longform == []
