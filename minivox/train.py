@@ -564,14 +564,16 @@ def manifest_rows(data: Path, splits: str) -> list[dict]:
 
 
 def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
-          init_projector: Path | None = None, init_adapter: Path | None = None) -> None:
+          init_projector: Path | None = None, init_adapter: Path | None = None,
+          rows: TrainingRows | None = None) -> None:
     """Stage 2: projector + LoRA, end to end on the transcription loss.
 
     A new run starts from ``init_projector`` (stage-1 projector weights, LoRA at zero) or from
     ``init_adapter`` (a trained adapter file: projector and LoRA, e.g. another run's
     ``last.safetensors``) with a fresh optimizer and learning-rate schedule; a run with a
     ``last.pt`` resumes from it and ignores both. With ``cfg.align_weight > 0`` the loss adds
-    the alignment-guided attention loss (:mod:`kvsim.minivox.guided`).
+    the alignment-guided attention loss (:mod:`kvsim.minivox.guided`). ``rows``: the manifest
+    rows when the caller has read them (:func:`main` does, to name a missing split in one line).
 
     Data parallel (:func:`data_parallel`, W processes): each step is W sub-batches, one per
     process (sub-batch ``step * W + rank`` of the single-process schedule), with averaged
@@ -579,7 +581,8 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     """
     speeds = parse_factors(cfg.speed_perturb)  # a bad spec fails before the model loads
     check_training_options(cfg)
-    rows = TrainingRows.read(data, cfg)  # so does a missing split
+    if rows is None:  # the manifest rows (``TrainingRows.read``); a missing split fails here too
+        rows = TrainingRows.read(data, cfg)
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     world, rank = data_parallel()
@@ -716,11 +719,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     cfg = config_from_args(args)
     try:
-        TrainingRows.read(args.data, cfg)
+        rows = TrainingRows.read(args.data, cfg)
     except (FileNotFoundError, ValueError) as e:  # a missing manifest or split: one line
         raise SystemExit(f"error: {e}") from None
     train(args.data, args.run, cfg, REPO_WEIGHTS if args.export else None, args.init_projector,
-          args.init_adapter)
+          args.init_adapter, rows)
 
 
 if __name__ == "__main__":
