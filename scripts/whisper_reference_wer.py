@@ -30,8 +30,8 @@ import soundfile as sf
 from kvsim.minivox import load_processor, minivox_dir
 from kvsim.minivox.data import parse_shard
 from kvsim.minivox.evaluate import EvalOptions
-from kvsim.tracer.alignment import whisper_model_dir
 from kvsim.wer import average_wer, truncated_wer
+from kvsim.whisper import whisper_tiny
 
 
 def transcribe(model, audio: np.ndarray) -> str:
@@ -49,16 +49,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, help="the first N clips of each split")
     ap.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: every n-th clip from i")
     a = ap.parse_args(argv)
-    from faster_whisper import WhisperModel
-
     opts = EvalOptions(limit=a.limit, shard=a.shard)
     try:
         selected = {split: opts.rows(a.data, split) for split in a.splits}
     except (ValueError, FileNotFoundError) as e:
         ap.error(str(e))
     tokenizer = load_processor(minivox_dir()).tokenizer
-    model = WhisperModel(str(whisper_model_dir()), device="cpu", compute_type="float32",
-                         cpu_threads=1)
+    model = whisper_tiny()
     with a.out.open("w") as fh:
         for split, rows in selected.items():
             errors, words = [], []

@@ -145,8 +145,9 @@ def test_converted_whisper_encoder_matches_ctranslate2():
     import ctranslate2
     from transformers import VoxtralEncoder, VoxtralEncoderConfig
 
-    from kvsim.minivox.convert import load_whisper_encoder_state_dict, whisper_model_dir
+    from kvsim.minivox.convert import load_whisper_encoder_state_dict
     from kvsim.minivox.modeling import WHISPER_TINY_ENCODER
+    from kvsim.whisper import whisper_tiny_dir
 
     torch.set_num_threads(1)
     try:
@@ -170,7 +171,7 @@ def test_converted_whisper_encoder_matches_ctranslate2():
     enc.load_state_dict(load_whisper_encoder_state_dict(), strict=False)
     with torch.no_grad():
         ours = enc(feats).last_hidden_state[0].numpy()
-    ct2 = ctranslate2.models.Whisper(str(whisper_model_dir()), device="cpu", intra_threads=1)
+    ct2 = ctranslate2.models.Whisper(str(whisper_tiny_dir()), device="cpu", intra_threads=1)
     ref = np.array(ct2.encode(ctranslate2.StorageView.from_array(feats.numpy()),
                               to_cpu=True))[0]
     assert ref.shape == ours.shape == (1500, 384)

