@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import soundfile as sf
 import torch
 
@@ -46,7 +47,10 @@ class EvalOptions:
     ``limit``: the first N clips; ``shard`` ``(i, n)``: every n-th of those from i; ``ids``:
     only these clips; ``speed``: every clip played ``speed`` times faster (polyphase
     resampling, tempo and pitch together: :func:`kvsim.minivox.augment.resample_speed`; 1.0
-    plays it as recorded); ``no_repeat_ngram``: see :func:`generation_options`.
+    plays it as recorded); ``no_repeat_ngram``: see :func:`generation_options`;
+    ``chunk_seconds`` > 0: a diagnostic, not the model's protocol: every clip cut into pieces
+    of that many seconds, each decoded on its own, the transcripts joined
+    (:func:`audio_pieces`); 0 decodes the whole clip at once.
     """
 
     limit: int | None = None
@@ -54,6 +58,7 @@ class EvalOptions:
     ids: frozenset[str] | None = None
     speed: float = 1.0
     no_repeat_ngram: int = 0
+    chunk_seconds: float = 0.0
 
     def rows(self, data: Path, split: str) -> list[dict]:
         """The manifest rows to decode; ValueError naming an id the split does not hold."""
@@ -66,6 +71,39 @@ class EvalOptions:
         return rows if self.ids is None else [r for r in rows if r["id"] in self.ids]
 
 
+def audio_pieces(audio: np.ndarray, chunk_seconds: float, rate: int = 16000) -> list[np.ndarray]:
+    """``audio`` cut into consecutive pieces of ``chunk_seconds`` (the whole clip for 0); a
+    last piece shorter than a quarter of that joins the one before it."""
+    if chunk_seconds <= 0:
+        return [audio]
+    step = int(round(chunk_seconds * rate))
+    cuts = list(range(step, audio.size, step))
+    if cuts and audio.size - cuts[-1] < step // 4:
+        cuts.pop()
+    return np.split(audio, cuts)
+
+
+def decode_clip(model, proc, audio: np.ndarray, ref_words: int, opts: EvalOptions,
+                options: dict) -> tuple[str, int, int]:
+    """Greedy transcript of one clip (or of its pieces, joined); returns the transcript, the
+    generated tokens and the prompt tokens (of the longest piece)."""
+    pieces = audio_pieces(audio, opts.chunk_seconds)
+    texts, n_gen, n_prompt = [], 0, 0
+    for piece in pieces:
+        inp = proc(audio=piece)
+        n_in = inp["input_ids"].shape[1]
+        # enough tokens for 1.2x the reference words (the WER truncation) at ~1.4 tokens/word,
+        # a piece's share of them by its share of the audio
+        max_new = int(ref_words * piece.size / audio.size * 1.7) + 10
+        with torch.no_grad():
+            res = model.generate(**inp, max_new_tokens=max_new, **options)
+        gen = res[0, n_in:]
+        texts.append(proc.decode(gen))
+        n_gen += int(gen.numel())
+        n_prompt = max(n_prompt, n_in)
+    return " ".join(t.strip() for t in texts).strip(), n_gen, n_prompt
+
+
 def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | None,
              opts: EvalOptions = EvalOptions()) -> dict[str, float]:
     """Full-cache greedy truncated WER of ``adapter`` on ``splits``; one record per clip to
@@ -74,6 +112,8 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | No
     options = generation_options(opts.no_repeat_ngram)
     if not 0.5 <= opts.speed <= 2.0:
         raise ValueError(f"--speed {opts.speed}: a factor from 0.5 to 2")
+    if opts.chunk_seconds < 0:
+        raise ValueError(f"--chunk-seconds {opts.chunk_seconds}: 0 (whole clips) or more")
     selected = {split: opts.rows(data, split) for split in splits}  # bad options fail first
     model, proc = load_minivox(minivox_dir(adapter))
     results: dict[str, float] = {}
@@ -83,25 +123,19 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | No
         for r in rows:
             audio, _ = sf.read(r["abs_path"], dtype="float32")
             audio = resample_speed(audio, opts.speed)
-            inp = proc(audio=audio)
-            n_in = inp["input_ids"].shape[1]
-            # enough tokens for 1.2x the reference words (the WER truncation) at ~1.4 tokens/word
-            max_new = int(len(r["text"].split()) * 1.7) + 10
             t0 = time.perf_counter()
-            with torch.no_grad():
-                res = model.generate(**inp, max_new_tokens=max_new, **options)
+            hyp, n_gen, n_in = decode_clip(model, proc, audio, len(r["text"].split()), opts, options)
             wall = time.perf_counter() - t0
-            gen = res[0, n_in:]
-            hyp = proc.decode(gen)
             scores = truncated_wer(hyp, r["text"], proc.tokenizer)
             clip_scores.append(scores)
             w = scores.wer
             rec = {"split": split, "id": r["id"], "duration": r["duration"], "wer": w,
                    "errors": scores.errors, "ref_words": scores.ref_words,
-                   "n_prompt": n_in, "n_gen": int(gen.numel()), "wall_s": wall,
+                   "n_prompt": n_in, "n_gen": n_gen, "wall_s": wall,
                    "no_repeat_ngram": opts.no_repeat_ngram, "speed": opts.speed,
+                   "chunk_seconds": opts.chunk_seconds,
                    "ref": r["text"], "hyp": hyp}
-            print(f"{split} {r['id']} {r['duration']:.0f}s WER {w:.3f} gen {gen.numel()} tok "
+            print(f"{split} {r['id']} {r['duration']:.0f}s WER {w:.3f} gen {n_gen} tok "
                   f"in {wall:.1f}s", flush=True)
             if fh:
                 fh.write(json.dumps(rec) + "\n")
@@ -166,6 +200,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--speed", type=float, default=1.0, metavar="F",
                     help="play every clip F times faster (resampled: tempo and pitch together; "
                     "below 1 slower); an experiment, default 1: as recorded")
+    ap.add_argument("--chunk-seconds", type=float, default=0.0, metavar="S",
+                    help="a diagnostic: decode every clip in pieces of S seconds, each on its own, "
+                    "and join the transcripts (default 0: the whole clip at once, the protocol)")
     ap.add_argument("--summarise", nargs="*", type=Path, default=None,
                     help="only print corpus WER per split from these --out files")
     a = ap.parse_args(argv)
@@ -173,7 +210,8 @@ def main(argv: list[str] | None = None) -> None:
         summarise(a.summarise)
         return
     opts = EvalOptions(limit=a.limit, shard=a.shard, speed=a.speed, no_repeat_ngram=a.no_repeat_ngram,
-                       ids=frozenset(a.ids.split(",")) if a.ids else None)
+                       ids=frozenset(a.ids.split(",")) if a.ids else None,
+                       chunk_seconds=a.chunk_seconds)
     try:
         res = evaluate(a.data, a.splits, a.adapter, a.out, opts)
     except (ValueError, FileNotFoundError) as exc:

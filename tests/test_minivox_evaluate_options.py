@@ -44,3 +44,23 @@ def test_an_unknown_id_is_one_line_naming_it(corpus, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--data", str(corpus), "--splits", "t", "--ids", "t-00001,nope"])
     assert str(exit_.value) == f"error: {corpus}: split 't' has no clip 'nope' (1 of the --ids unknown)"
+
+
+def test_audio_pieces_cover_the_clip_in_order():
+    import numpy as np
+
+    from kvsim.minivox.evaluate import audio_pieces
+
+    audio = np.arange(16000 * 130, dtype=np.float32)
+    assert audio_pieces(audio, 0)[0] is audio
+    pieces = audio_pieces(audio, 60)
+    assert [p.size for p in pieces] == [960000, 1120000]  # the last 10 s (< 15 s) join the 2nd
+    assert np.array_equal(np.concatenate(pieces), audio)
+    long = np.arange(16000 * 140, dtype=np.float32)
+    assert [p.size for p in audio_pieces(long, 60)] == [960000, 960000, 320000]  # 20 s kept
+    assert [p.size for p in audio_pieces(audio[: 16000 * 59], 60)] == [16000 * 59]
+
+
+def test_a_negative_chunk_length_fails_before_the_model_loads(corpus):
+    with pytest.raises(ValueError, match="--chunk-seconds -1"):
+        evaluate(corpus, ["t"], None, None, EvalOptions(chunk_seconds=-1))
