@@ -30,8 +30,9 @@ runner = CliRunner()
 
 def _kill_after(args: list[str], out: Path, first_done: Callable[[], bool],
                 meanwhile: Callable[[], None] = lambda: None) -> None:
-    """Start ``python -m kvsim ARGS``; once it has written run.json run ``meanwhile()``; wait
-    until ``first_done()``, then SIGKILL it."""
+    """Start ``python -m kvsim ARGS``; once it has written run.json run ``meanwhile()`` with it
+    stopped (SIGSTOP: a fast run could otherwise end, and free its --out, before ``meanwhile``
+    looks); wait until ``first_done()``, then SIGKILL it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     log = out.with_name(f"{out.name}.stderr")  # a file, not a pipe: a full pipe would block it
     with log.open("wb") as err:
@@ -43,7 +44,11 @@ def _kill_after(args: list[str], out: Path, first_done: Callable[[], bool],
         while not first_done():
             if not started and (out / "run.json").exists():
                 started = True
-                meanwhile()
+                proc.send_signal(signal.SIGSTOP)  # alive but still: it cannot finish meanwhile
+                try:
+                    meanwhile()
+                finally:
+                    proc.send_signal(signal.SIGCONT)
             if proc.poll() is not None:
                 pytest.fail(f"exited ({proc.returncode}) before its first result: "
                             f"{log.read_text()[-2000:]}")
