@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,6 +26,8 @@ from .processing import MinivoxProcessor
 
 AUDIO_TOKEN = "<empty_output>"
 ADAPTER_FORMAT = "minivox-adapter-v1"
+#: Key prefix of the audio encoder's LoRA factors in an adapter file.
+ENCODER_LORA = "encoder_lora."
 REPO_WEIGHTS = Path(__file__).resolve().parent / "adapter.safetensors"
 
 
@@ -89,34 +92,65 @@ def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, s
 
 def save_adapter(path: str | Path, projector: dict[str, torch.Tensor],
                  lora: dict[str, torch.Tensor], meta: dict[str, object],
-                 dtype: torch.dtype = torch.float32) -> None:
-    """Write projector weights + LoRA factors (scale folded into B) as safetensors."""
+                 dtype: torch.dtype = torch.float32,
+                 encoder_lora: dict[str, torch.Tensor] | None = None) -> None:
+    """Write projector weights + LoRA factors (scale folded into B) as safetensors.
+
+    ``lora`` holds the decoder's factors (names relative to the decoder), ``encoder_lora`` the
+    audio encoder's when it was trained too (names relative to the encoder; stored under
+    ``encoder_lora.``, absent from a file whose encoder is Whisper's own)."""
     tensors = {f"multi_modal_projector.{k}": v.detach().to(dtype).contiguous()
                for k, v in projector.items()}
     tensors.update({f"lora.{k}": v.detach().to(dtype).contiguous() for k, v in lora.items()})
+    tensors.update({f"{ENCODER_LORA}{k}": v.detach().to(dtype).contiguous()
+                    for k, v in (encoder_lora or {}).items()})
     md = {"format": ADAPTER_FORMAT, **{k: json.dumps(v) for k, v in meta.items()}}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata=md)
 
 
+@dataclass
+class AdapterParts:
+    """The three groups of an adapter file's tensors (:func:`split_adapter`)."""
+
+    projector: dict[str, torch.Tensor]  #: the projector's state dict
+    lora: dict[str, torch.Tensor]  #: the decoder's LoRA factors
+    encoder_lora: dict[str, torch.Tensor] = field(default_factory=dict)  #: the encoder's, if any
+
+    def save(self, path: str | Path, meta: dict[str, object], dtype: torch.dtype) -> None:
+        """:func:`save_adapter` of these parts."""
+        save_adapter(path, self.projector, self.lora, meta, dtype, self.encoder_lora)
+
+
 def split_adapter(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None
-                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """``(projector state dict, LoRA factors)`` of an adapter file's tensors, the inverse of
-    :func:`save_adapter`'s key prefixes; cast to ``dtype`` when given."""
+                  ) -> AdapterParts:
+    """The projector state dict and the decoder's and encoder's LoRA factors of an adapter
+    file's tensors, the inverse of :func:`save_adapter`'s key prefixes; cast to ``dtype`` when
+    given. A tensor under no known prefix is an error (a newer format, or not an adapter)."""
     if dtype is not None:
         tensors = {k: v.to(dtype) for k, v in tensors.items()}
-    proj = {k.removeprefix("multi_modal_projector."): v for k, v in tensors.items()
-            if k.startswith("multi_modal_projector.")}
-    lora = {k.removeprefix("lora."): v for k, v in tensors.items() if k.startswith("lora.")}
-    return proj, lora
+    parts = AdapterParts({}, {}, {})
+    groups = (("multi_modal_projector.", parts.projector), ("lora.", parts.lora),
+              (ENCODER_LORA, parts.encoder_lora))
+    for k, v in tensors.items():
+        for prefix, group in groups:
+            if k.startswith(prefix):
+                group[k.removeprefix(prefix)] = v
+                break
+        else:
+            raise ValueError(f"adapter tensor {k}: not a projector, lora. or {ENCODER_LORA} tensor")
+    return parts
 
 
 def apply_adapter(model: MinivoxForConditionalGeneration, tensors: dict[str, torch.Tensor]) -> None:
-    """Load the projector and merge the LoRA factors into the decoder's linear layers."""
-    proj, lora = split_adapter(tensors, torch.float32)
-    model.model.multi_modal_projector.load_state_dict(proj)
-    if lora:
-        merge_lora(model.model.language_model, lora)
+    """Load the projector and merge the LoRA factors into the decoder's (and, when the adapter
+    trained it, the audio encoder's) linear layers."""
+    parts = split_adapter(tensors, torch.float32)
+    model.model.multi_modal_projector.load_state_dict(parts.projector)
+    if parts.lora:
+        merge_lora(model.model.language_model, parts.lora)
+    if parts.encoder_lora:
+        merge_lora(model.model.audio_tower, parts.encoder_lora)
 
 
 def _adapter_key(adapter: Path | None) -> str:
@@ -191,26 +225,34 @@ def average_adapters(srcs: list[str | Path], dst: str | Path,
     if len(w) != len(srcs) or abs(sum(w) - 1.0) > 1e-6 or min(w) < 0:
         raise ValueError(f"weights {w} must be {len(srcs)} non-negative numbers summing to 1")
     parts = [split_adapter(read_adapter(s)[0], torch.float32) for s in srcs]
-    for s, (proj, lora) in zip(srcs[1:], parts[1:], strict=True):
-        if proj.keys() != parts[0][0].keys() or lora.keys() != parts[0][1].keys():
+    for s, p in zip(srcs[1:], parts[1:], strict=True):
+        if (p.projector.keys() != parts[0].projector.keys() or p.lora.keys() != parts[0].lora.keys()
+                or p.encoder_lora.keys() != parts[0].encoder_lora.keys()):
             raise ValueError(f"{s}: its tensors differ from {srcs[0]}'s (not the same architecture "
                              "or LoRA targets)")
-    proj = {k: sum(wi * p[k] for wi, (p, _) in zip(w, parts, strict=True)) for k in parts[0][0]}
-    lora = {}
-    for k in parts[0][1]:
-        if k.endswith(".lora_A"):
-            lora[k] = torch.cat([lo[k] for _, lo in parts], dim=0)
-        else:
-            lora[k] = torch.cat([wi * lo[k] for wi, (_, lo) in zip(w, parts, strict=True)], dim=1)
-    save_adapter(dst, proj, lora, {"soup": {"adapters": [str(s) for s in srcs], "weights": w}},
-                 dtype=dtype)
+    soup = AdapterParts(
+        {k: sum(wi * p.projector[k] for wi, p in zip(w, parts, strict=True))
+         for k in parts[0].projector},
+        _average_lora([p.lora for p in parts], w),
+        _average_lora([p.encoder_lora for p in parts], w))
+    soup.save(dst, {"soup": {"adapters": [str(s) for s in srcs], "weights": w}}, dtype)
     return Path(dst)
+
+
+def _average_lora(parts: list[dict[str, torch.Tensor]], w: list[float]) -> dict[str, torch.Tensor]:
+    """LoRA factors whose merged update is ``sum_i w_i B_i @ A_i`` (ranks concatenated)."""
+    out = {}
+    for k in parts[0]:
+        if k.endswith(".lora_A"):
+            out[k] = torch.cat([lo[k] for lo in parts], dim=0)
+        else:
+            out[k] = torch.cat([wi * lo[k] for wi, lo in zip(w, parts, strict=True)], dim=1)
+    return out
 
 
 def compact_adapter(src: str | Path, dst: str | Path) -> Path:
     """Re-save an adapter in float16 (the shipped form: half the bytes)."""
     tensors, meta = read_adapter(src)
-    proj, lora = split_adapter(tensors)
     md = {k: json.loads(v) for k, v in meta.items() if k != "format"}
-    save_adapter(dst, proj, lora, md, dtype=torch.float16)
+    split_adapter(tensors).save(dst, md, torch.float16)
     return Path(dst)

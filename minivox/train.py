@@ -1,7 +1,8 @@
 """Train the minivox projector (+ LoRA on the decoder's attention projections) on CPU.
 
 The Whisper encoder and SmolLM2 stay frozen; encoder outputs are cached on disk (fp16) the
-first time a clip is seen. Loss: next-token cross-entropy on the transcript + ``<|im_end|>``
+first time a clip is seen. With ``--encoder-lora-layers N`` the encoder's last N layers get
+LoRA factors too, and the encoder runs at every step instead of coming from the cache. Loss: next-token cross-entropy on the transcript + ``<|im_end|>``
 only (the prompt and audio positions are not scored).
 
 Usage::
@@ -109,6 +110,28 @@ class TrainConfig:
     # the data order starts this many steps in (the lr schedule still starts at step 0): a run
     # continued from a kept adapter with the same seed hears the clips its first run did not
     data_offset: int = 0
+    # train the audio encoder too: LoRA of rank encoder_lora_rank (scale lora_alpha / rank) on
+    # the attention and feed-forward projections of its last encoder_lora_layers layers, at
+    # lora_lr (0: Whisper's encoder frozen, as the shipped adapter has it). The encoder then
+    # runs at every step instead of coming from the encoder cache.
+    encoder_lora_layers: int = 0
+    encoder_lora_rank: int = 8
+
+
+def row_audio(row: dict) -> np.ndarray:
+    """The 16 kHz samples of a manifest row, resampled by its speed factor (if any)."""
+    audio, sr = sf.read(row["abs_path"], dtype="float32")
+    if sr != 16000:
+        raise ValueError(f"{row['abs_path']}: sample rate {sr}, expected 16000")
+    return resample_speed(audio, row.get("speed", 1.0))
+
+
+def encode_audio(model, proc, audio: np.ndarray) -> torch.Tensor:
+    """Encoder output ``(n_chunks*1500, 384)`` in float32 (bf16 autocast off); differentiable
+    where the encoder has trainable LoRA factors (``TrainConfig.encoder_lora_layers``)."""
+    with torch.autocast("cpu", enabled=False):
+        h = model.model.audio_tower(proc.features(audio)).last_hidden_state.float()
+    return h.reshape(-1, h.shape[-1])
 
 
 def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
@@ -119,13 +142,8 @@ def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
     f = cache_dir / (f"{row['id']}.npy" if speed == 1.0 else f"{row['id']}@x{speed:g}.npy")
     if f.is_file():
         return torch.from_numpy(np.load(f).astype(np.float32))
-    audio, sr = sf.read(row["abs_path"], dtype="float32")
-    if sr != 16000:
-        raise ValueError(f"{row['abs_path']}: sample rate {sr}, expected 16000")
-    audio = resample_speed(audio, speed)
-    with torch.no_grad(), torch.autocast("cpu", enabled=False):
-        h = model.model.audio_tower(proc.features(audio)).last_hidden_state.float()
-    h = h.reshape(-1, h.shape[-1])
+    with torch.no_grad():
+        h = encode_audio(model, proc, row_audio(row))
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = cache_dir / f"{f.stem}.{os.getpid()}.tmp.npy"
     np.save(tmp, h.numpy().astype(np.float16))
@@ -138,12 +156,16 @@ def joined_row(parts: list[dict]) -> dict:
     return {"parts": parts, "text": " ".join(p["text"] for p in parts)}
 
 
-def part_encodings(model, proc, row: dict, cache_dir: Path) -> list[torch.Tensor]:
-    """Encoder output of each clip of a manifest row (one) or of a :func:`joined_row`."""
-    return [encoder_cache(model, proc, p, cache_dir) for p in row.get("parts", [row])]
+def part_encodings(model, proc, row: dict, cache_dir: Path | None) -> list[torch.Tensor]:
+    """Encoder output of each clip of a manifest row (one) or of a :func:`joined_row`: from
+    the cache in ``cache_dir``, or computed now (with gradients) when it is None."""
+    parts = row.get("parts", [row])
+    if cache_dir is None:
+        return [encode_audio(model, proc, row_audio(p)) for p in parts]
+    return [encoder_cache(model, proc, p, cache_dir) for p in parts]
 
 
-def example_encoding(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
+def example_encoding(model, proc, row: dict, cache_dir: Path | None) -> torch.Tensor:
     """Encoder output of a manifest row, or of a :func:`joined_row` (windows concatenated)."""
     return torch.cat(part_encodings(model, proc, row, cache_dir))
 
@@ -204,10 +226,11 @@ class Batch:
     guides: list[GuideTargets] | None = None  #: per row, with ``align_margin`` given
 
 
-def make_batch(model, proc, rows: list[dict], cache_dir: Path,
+def make_batch(model, proc, rows: list[dict], cache_dir: Path | None,
                align_margin: float | None = None, align_end: bool = False) -> Batch:
     """The decoder inputs of ``rows``; with ``align_margin`` (seconds) also the targets of the
-    alignment-guided loss (:mod:`kvsim.minivox.guided`), the end token's with ``align_end``."""
+    alignment-guided loss (:mod:`kvsim.minivox.guided`), the end token's with ``align_end``.
+    ``cache_dir`` None: the encoder runs now (:func:`part_encodings`)."""
     tok = proc.tokenizer
     end_id = tok.convert_tokens_to_ids("<|im_end|>")
     seqs, audio_feats, part_tokens = [], [], []
@@ -298,8 +321,10 @@ def dev_wer(model, proc, rows: list[dict]) -> tuple[float, list[str]]:
 
 
 def trainable(model) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    """``(projector parameters, LoRA factors)``: the decoder's factors, then the encoder's."""
     proj = list(model.model.multi_modal_projector.parameters())
-    lora = [p for n, p in model.model.language_model.named_parameters() if "lora_" in n]
+    lora = [p for part in (model.model.language_model, model.model.audio_tower)
+            for n, p in part.named_parameters() if "lora_" in n]
     return proj, lora
 
 
@@ -321,24 +346,37 @@ def match_embedding_norm(model, proc, rows: list[dict], cache_dir: Path) -> floa
     return factor
 
 
-def load_trainable_adapter(model, path: Path) -> None:
+def load_trainable_adapter(model, path: Path) -> str:
     """Load an adapter file's projector and LoRA factors into a model whose decoder is wrapped
     by :func:`~.lora.add_lora` (the factors stay trainable, unlike :func:`~.build.apply_adapter`
-    which merges them). Every LoRA module must have factors in the file."""
+    which merges them). Every decoder LoRA module must have factors in the file; the encoder's
+    are loaded when the file has them and start at zero (an unchanged encoder) when it has
+    none. Returns what happened to the encoder's, in words."""
     tensors, _ = read_adapter(path)
-    proj, lora = split_adapter(tensors, torch.float32)
-    model.model.multi_modal_projector.load_state_dict(proj)
-    missing = {k.rsplit(".", 1)[0] for k in set(lora_state(model.model.language_model)) - set(lora)}
+    parts = split_adapter(tensors, torch.float32)
+    model.model.multi_modal_projector.load_state_dict(parts.projector)
+    decoder, encoder = model.model.language_model, model.model.audio_tower
+    missing = {k.rsplit(".", 1)[0] for k in set(lora_state(decoder)) - set(parts.lora)}
     if missing:
         raise ValueError(f"{path}: no LoRA factors for {len(missing)} LoRA modules of the model "
                          f"(e.g. {sorted(missing)[0]}); check --lora-targets")
-    load_lora_state(model.model.language_model, lora)
+    load_lora_state(decoder, parts.lora)
+    if parts.encoder_lora and not lora_state(encoder):
+        raise ValueError(f"{path}: has encoder LoRA factors, which a run with "
+                         "--encoder-lora-layers 0 would drop; give --encoder-lora-layers")
+    if not lora_state(encoder):
+        return "encoder frozen"
+    if not parts.encoder_lora:
+        return "encoder LoRA from zero (the adapter has none)"
+    load_lora_state(encoder, parts.encoder_lora)
+    return "encoder LoRA loaded"
 
 
 def save_ckpt(path: Path, model, opt, sched, step: int, best: float, cfg: TrainConfig) -> None:
     state = {
         "projector": model.model.multi_modal_projector.state_dict(),
         "lora": lora_state(model.model.language_model),
+        "encoder_lora": lora_state(model.model.audio_tower),
         "opt": opt.state_dict(),
         "sched": sched.state_dict(),
         "step": step,
@@ -354,7 +392,8 @@ def export(run: Path, cfg: TrainConfig, model, step: int, wer: float, name: str)
     out = run / name
     save_adapter(out, model.model.multi_modal_projector.state_dict(),
                  lora_state(model.model.language_model),
-                 {"step": step, "dev_wer": wer, "train_config": asdict(cfg)})
+                 {"step": step, "dev_wer": wer, "train_config": asdict(cfg)},
+                 encoder_lora=lora_state(model.model.audio_tower))
     return out
 
 
@@ -404,10 +443,31 @@ def trainable_model(cfg: TrainConfig):
     for m in model.model.language_model.modules():
         if hasattr(m, "lora_A"):
             torch.nn.init.kaiming_uniform_(m.lora_A, a=math.sqrt(5))
+    add_encoder_lora(model, cfg)
     proj, lora = trainable(model)
     for p in proj + lora:
         p.requires_grad_(True)
     return model, proc, proj, lora
+
+
+#: The projections of a Whisper encoder layer that ``encoder_lora_layers`` trains.
+ENCODER_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
+
+
+def add_encoder_lora(model, cfg: TrainConfig) -> list[str]:
+    """Wrap the targets of the encoder's last ``cfg.encoder_lora_layers`` layers in LoRA
+    (:data:`ENCODER_LORA_TARGETS`; ``A`` drawn from ``seed + 1``, ``B`` zero: the encoder
+    starts unchanged); returns their names relative to the encoder."""
+    layers = model.model.audio_tower.layers
+    k = cfg.encoder_lora_layers
+    if not 0 <= k <= len(layers):
+        raise ValueError(f"--encoder-lora-layers {k}: from 0 to {len(layers)}, the encoder's layers")
+    torch.manual_seed(cfg.seed + 1)
+    names = []
+    for i in range(len(layers) - k, len(layers)):
+        names += [f"layers.{i}.{n}" for n in add_lora(layers[i], cfg.encoder_lora_rank,
+                                                      cfg.lora_alpha, ENCODER_LORA_TARGETS)]
+    return names
 
 
 def optimizer(cfg: TrainConfig, proj: list, lora: list):
@@ -438,14 +498,15 @@ def start_or_resume(run: Path, model, proc, opt, sched, train_rows: list[dict], 
         st = torch.load(last, weights_only=True)
         model.model.multi_modal_projector.load_state_dict(st["projector"])
         load_lora_state(model.model.language_model, st["lora"])
+        load_lora_state(model.model.audio_tower, st.get("encoder_lora", {}))
         opt.load_state_dict(st["opt"])
         sched.load_state_dict(st["sched"])
         step, best = int(st["step"]), float(st["best"])
         say(f"resumed from {last} at step {step} (best dev WER {best:.4f})", flush=True)
         return step, best
     if init_adapter is not None:
-        load_trainable_adapter(model, init_adapter)
-        say(f"projector and LoRA initialised from {init_adapter}", flush=True)
+        encoder = load_trainable_adapter(model, init_adapter)
+        say(f"projector and LoRA initialised from {init_adapter} ({encoder})", flush=True)
     elif init_projector is not None:
         from safetensors.torch import load_file
 
@@ -525,6 +586,9 @@ def check_training_options(cfg: TrainConfig) -> None:
                          f"{', '.join(SOURCES)}, a weight >= 0 and a step count >= 0")
     if cfg.data_offset < 0:
         raise ValueError(f"--data-offset {cfg.data_offset}: a step count >= 0")
+    if cfg.encoder_lora_layers < 0 or cfg.encoder_lora_rank < 1:
+        raise ValueError(f"--encoder-lora-layers {cfg.encoder_lora_layers} / --encoder-lora-rank "
+                         f"{cfg.encoder_lora_rank}: a layer count >= 0 and a rank >= 1")
 
 
 def warn_if_bf16_emulated(cfg: TrainConfig) -> None:
@@ -597,7 +661,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     train_rows, dev_rows = rows.train, rows.dev
     step, best = start_or_resume(run, model, proc, opt, sched, train_rows, data,
                                  init_projector, init_adapter, lead)
-    cache_dir = data / "enc_cache"
+    cache_dir = data / "enc_cache" if cfg.encoder_lora_layers == 0 else None  # None: run it
     probe = (AttentionProbe(model.model.language_model,
                             [int(x) for x in cfg.align_layers.split(",")])
              if cfg.align_weight > 0 or cfg.align_log else None)

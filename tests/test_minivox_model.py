@@ -311,7 +311,8 @@ def test_adapter_soup_averages_projector_and_merged_lora_updates_exactly(tmp_pat
     w = [0.25, 0.75]
     out = average_adapters(paths, tmp_path / "soup.safetensors", weights=w, dtype=torch.float32)
     tensors, meta = read_adapter(out)
-    proj, lora = split_adapter(tensors)
+    soup = split_adapter(tensors)
+    proj, lora = soup.projector, soup.lora
     assert json.loads(meta["soup"])["weights"] == w
     # exact: the soup computes this very expression on the same float32 tensors
     torch.testing.assert_close(proj["linear_1.weight"], sum(
