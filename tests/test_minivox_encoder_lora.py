@@ -183,3 +183,25 @@ def test_a_soup_averages_the_encoder_updates(tmp_path):
         got = soup.encoder_lora[kb].double() @ soup.encoder_lora[k].double()
         assert ((got - want).abs() <= 2 * float(gamma(17)) * mag).all(), k
     assert soup.lora == {}
+
+
+def test_a_resumed_run_gets_its_encoder_factors_back(tmp_path):
+    from kvsim.minivox.train import optimizer, save_ckpt, start_or_resume
+
+    cfg = TrainConfig(encoder_lora_layers=1)
+    runs = []
+    for seed in (5, 6):  # the run that saves, and a fresh process that resumes
+        model = _model(encoder_layers=2)
+        add_encoder_lora(model, cfg)
+        _randomise_lora(model.model.audio_tower, seed)
+        opt, sched = optimizer(cfg, *trainable(model))
+        runs.append((model, opt, sched))
+    (saved, opt, sched), (resumed, opt2, sched2) = runs
+    save_ckpt(tmp_path / "last.pt", saved, opt, sched, 3, 0.5, cfg)
+    step, _ = start_or_resume(tmp_path, resumed, None, opt2, sched2, [], tmp_path, None, None,
+                              lead=False)
+    assert step == 3
+    want, got = lora_state(saved.model.audio_tower), lora_state(resumed.model.audio_tower)
+    assert want.keys() == got.keys() and want
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
