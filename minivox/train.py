@@ -2,8 +2,9 @@
 
 The Whisper encoder and SmolLM2 stay frozen; encoder outputs are cached on disk (fp16) the
 first time a clip is seen. With ``--encoder-lora-layers N`` the encoder's last N layers get
-LoRA factors too, and the encoder runs at every step instead of coming from the cache. Loss: next-token cross-entropy on the transcript + ``<|im_end|>``
-only (the prompt and audio positions are not scored).
+LoRA factors too, and the encoder runs at every step instead of coming from the cache.
+Loss: next-token cross-entropy on the transcript + ``<|im_end|>`` only (the prompt and audio
+positions are not scored).
 
 Usage::
 
@@ -533,8 +534,8 @@ def ramp_factor(step: int, ramp_steps: int) -> float:
     return 1.0 if ramp_steps <= 0 else min(1.0, (step + 1) / ramp_steps)
 
 
-def train_step(model, proc, rows: list[dict], cache_dir: Path, cfg: TrainConfig, opt, sched,
-               params: list, probe: AttentionProbe | None, world: int, t0: float,
+def train_step(model, proc, rows: list[dict], cache_dir: Path | None, cfg: TrainConfig, opt,
+               sched, params: list, probe: AttentionProbe | None, world: int, t0: float,
                sub_batch: int = 0, pool: torch.Tensor | None = None) -> StepResult:
     """Forward, backward (gradients averaged over the ranks), clip to norm 1, step; with
     ``cfg.sampled_share`` the inputs are mixed first (scheduled sampling, drawn from
