@@ -42,7 +42,7 @@ from .augment import parse_factors, perturb_rows, resample_speed
 from .build import REPO_WEIGHTS, build_base, read_adapter, save_adapter, split_adapter
 from .data import parse_shard, read_manifest
 from .guided import AttentionProbe, GuideTargets, guided_loss, target_spans
-from .lora import add_lora, load_lora_state, lora_state
+from .lora import LoRALinear, add_lora, load_lora_state, lora_state
 from .scheduled import mixed_batch
 from .wrong_passages import SOURCES, text_pool, wrong_passage_batch
 
@@ -362,10 +362,11 @@ def load_trainable_adapter(model, path: Path) -> str:
         raise ValueError(f"{path}: no LoRA factors for {len(missing)} LoRA modules of the model "
                          f"(e.g. {sorted(missing)[0]}); check --lora-targets")
     load_lora_state(decoder, parts.lora)
-    if parts.encoder_lora and not lora_state(encoder):
+    encoder_trained = any(isinstance(m, LoRALinear) for m in encoder.modules())
+    if parts.encoder_lora and not encoder_trained:
         raise ValueError(f"{path}: has encoder LoRA factors, which a run with "
                          "--encoder-lora-layers 0 would drop; give --encoder-lora-layers")
-    if not lora_state(encoder):
+    if not encoder_trained:
         return "encoder frozen"
     if not parts.encoder_lora:
         return "encoder LoRA from zero (the adapter has none)"
