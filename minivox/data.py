@@ -29,13 +29,17 @@ import argparse
 import hashlib
 import random
 import re
+import sys
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .extra_text import EXTRA_FORTUNE_FILES, load_extra_texts
-from .heldout_text import load_heldout_pool
+from kvsim.trace.atomic import atomic_file
+
+from .extra_text import EXTRA_FORTUNE_FILES, WORDNET_DIR, load_extra_texts, missing_sources
+from .heldout_text import load_heldout_pool, read_source
 
 FORTUNE_DIR = Path("/usr/share/games/fortunes")
 # Voices x variants available in espeak-ng's standard data (no mbrola needed).
@@ -188,12 +192,18 @@ def add_clip_arguments(ap: argparse.ArgumentParser) -> None:
                     help="LO:HI, a slice of the split's clips")
 
 
+def fortunes_problem(root: Path = FORTUNE_DIR) -> str | None:
+    """Why the fortune databases under ``root`` cannot be read, or None."""
+    if root.is_dir():
+        return None
+    return f"{root}: fortune databases not found (apt-get install fortunes fortunes-min)"
+
+
 def load_fortunes(root: Path = FORTUNE_DIR) -> list[str]:
     """All cleaned, deduplicated fortunes, in a stable order."""
-    if not root.is_dir():
-        raise FileNotFoundError(
-            f"{root}: fortune databases not found (apt-get install fortunes fortunes-min)"
-        )
+    problem = fortunes_problem(root)
+    if problem:
+        raise FileNotFoundError(problem)
     seen: set[str] = set()
     out: list[str] = []
     for f in sorted(root.iterdir()):
@@ -346,8 +356,44 @@ def _generate_split(out: Path, cfg: DataConfig, spec: SplitSpec) -> None:
         sf.write(out / rel, clip.pop("audio"), 16000, subtype="PCM_16")
         dur = sf.info(out / rel).duration
         rows.append({"id": cid, "split": spec.name, "audio_path": rel, "duration": dur, **clip})
-    (out / "parts").mkdir(exist_ok=True)
-    pl.DataFrame(rows).write_parquet(out / "parts" / f"{spec.name}.parquet")
+    # the split's manifest marks it complete: written whole or not at all
+    with atomic_file(out / "parts" / f"{spec.name}.parquet") as tmp:
+        pl.DataFrame(rows).write_parquet(tmp)
+
+
+def missing_inputs(cfg: DataConfig, splits: list[str] | None = None,
+                   fortune_root: Path = FORTUNE_DIR, wordnet_root: Path = WORDNET_DIR,
+                   espeak_ok: bool | None = None) -> list[str]:
+    """Everything generating ``splits`` (None: all) needs and lacks, one message each.
+
+    Checked before any split is synthesised, so a missing package or source costs seconds,
+    not the splits generated before it. ``espeak_ok`` None: try to load libespeak-ng.
+    """
+    from .espeak import ESPEAK_MISSING, load_library
+
+    known = [s.name for s in cfg.splits]
+    unknown = [n for n in splits or [] if n not in known]
+    problems = [f"unknown split(s) {unknown}; known: {known}"] if unknown else []
+    wanted = [s for s in cfg.splits if not splits or s.name in splits]
+    if not wanted:
+        return problems
+    if espeak_ok is None:
+        try:
+            load_library()
+            espeak_ok = True
+        except RuntimeError:
+            espeak_ok = False
+    if not espeak_ok:
+        problems.append(ESPEAK_MISSING)
+    problems += [p for p in [fortunes_problem(fortune_root)] if p]
+    if any(s.pool in ("extra", "prose") for s in wanted):
+        problems += missing_sources(fortune_root, wordnet_root)
+    if any(s.pool == "prose" for s in wanted):
+        try:
+            read_source(cfg.heldout_text)
+        except (OSError, ValueError, tarfile.TarError) as exc:
+            problems.append(str(exc))
+    return problems
 
 
 def generate(out: Path, cfg: DataConfig, splits: list[str] | None = None) -> Path:
@@ -379,7 +425,8 @@ def generate(out: Path, cfg: DataConfig, splits: list[str] | None = None) -> Pat
     parts = [p for p in parts if p.is_file()]
     manifest = out / "manifest.parquet"
     df = pl.concat([pl.read_parquet(p) for p in parts], how="vertical_relaxed")
-    df.write_parquet(manifest)
+    with atomic_file(manifest) as tmp:
+        df.write_parquet(tmp)
     write_sidecars(out, df)
     return manifest
 
@@ -439,6 +486,12 @@ def main(argv: list[str] | None = None) -> None:
         for s in cfg.splits:
             if s.name == "train":
                 s.n_clips = args.n_train
+    if not args.sidecars_only:
+        problems = missing_inputs(cfg, args.splits)
+        for problem in problems:
+            print(f"kvsim.minivox.data: error: {problem}", file=sys.stderr)
+        if problems:
+            raise SystemExit(2)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.sidecars_only:
         import polars as pl
@@ -446,7 +499,10 @@ def main(argv: list[str] | None = None) -> None:
         n = write_sidecars(args.out, pl.read_parquet(args.out / "manifest.parquet"))
         print(f"wrote sidecars for {n} clips")
         return
-    path = generate(args.out, cfg, args.splits)
+    try:
+        path = generate(args.out, cfg, args.splits)
+    except RuntimeError as exc:  # a split's process failed; its own traceback is above
+        raise SystemExit(f"kvsim.minivox.data: error: {exc}") from None
     print(f"wrote {path}")
 
 

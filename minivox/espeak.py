@@ -59,19 +59,25 @@ class Synthesis:
     ends: list[float]
 
 
+ESPEAK_MISSING = "libespeak-ng not found: install the Debian packages espeak-ng libespeak-ng1"
+
+
+def load_library() -> ctypes.CDLL:
+    """libespeak-ng, or RuntimeError(:data:`ESPEAK_MISSING`)."""
+    name = ctypes.util.find_library("espeak-ng") or "libespeak-ng.so.1"
+    try:
+        return ctypes.CDLL(name)
+    except OSError as exc:
+        raise RuntimeError(ESPEAK_MISSING) from exc
+
+
 class ESpeak:
     """A single-process handle on libespeak-ng (the library is global state: one per process)."""
 
     _lock = threading.Lock()
 
     def __init__(self) -> None:
-        name = ctypes.util.find_library("espeak-ng") or "libespeak-ng.so.1"
-        try:
-            self.lib = ctypes.CDLL(name)
-        except OSError as exc:
-            raise RuntimeError(
-                "libespeak-ng not found: install the Debian packages espeak-ng libespeak-ng1"
-            ) from exc
+        self.lib = load_library()
         sr = self.lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, None, _INIT_PHONEME_EVENTS)
         if sr <= 0:
             raise RuntimeError("espeak_Initialize failed")

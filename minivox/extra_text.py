@@ -48,14 +48,34 @@ def parse_wordnet_line(line: str) -> tuple[list[str], str, list[str]] | None:
     return lemmas, definition, examples
 
 
+def wordnet_problem(root: Path = WORDNET_DIR) -> str | None:
+    """Why the WordNet database under ``root`` cannot be read, or None."""
+    missing = [f for f in WORDNET_FILES if not (root / f).is_file()]
+    if missing:
+        return f"{root}: WordNet database files {missing} not found (apt-get install wordnet-base)"
+    return None
+
+
+def extra_fortune_problem(root: Path, name: str) -> str | None:
+    """Why the extra fortune file ``name`` under ``root`` cannot be read, or None."""
+    f = root / name
+    return None if f.is_file() else f"{f}: not found (apt-get install fortune-{name})"
+
+
+def missing_sources(fortune_root: Path, wordnet_root: Path = WORDNET_DIR) -> list[str]:
+    """Every file :func:`load_extra_texts` needs and cannot find, one message each."""
+    problems = [wordnet_problem(wordnet_root)]
+    problems += [extra_fortune_problem(fortune_root, n) for n in EXTRA_FORTUNE_FILES]
+    return [p for p in problems if p]
+
+
 def load_wordnet_texts(root: Path = WORDNET_DIR) -> list[str]:
     """Cleaned example sentences and ``"<lemma>, <definition>."`` texts, in a stable order."""
     from .data import clean_fortune
 
-    missing = [f for f in WORDNET_FILES if not (root / f).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"{root}: WordNet database files {missing} not found (apt-get install wordnet-base)")
+    problem = wordnet_problem(root)
+    if problem:
+        raise FileNotFoundError(problem)
     out: list[str] = []
     for name in WORDNET_FILES:
         for line in (root / name).read_text(encoding="utf-8", errors="replace").splitlines():
@@ -80,10 +100,10 @@ def load_extra_fortunes(root: Path) -> list[str]:
 
     out = []
     for name in EXTRA_FORTUNE_FILES:
-        f = root / name
-        if not f.is_file():
-            raise FileNotFoundError(f"{f}: not found (apt-get install fortune-{name})")
-        out += read_fortune_file(f)
+        problem = extra_fortune_problem(root, name)
+        if problem:
+            raise FileNotFoundError(problem)
+        out += read_fortune_file(root / name)
     return out
 
 

@@ -70,7 +70,10 @@ def read_source(path: str | Path | None = None) -> str:
         raise FileNotFoundError(f"{p}: held-out text source not found; fetch it with: {DOWNLOAD}")
     if p.name.endswith(".tar.gz"):
         with tarfile.open(p) as tf:
-            member = tf.extractfile(MEMBER)
+            try:
+                member = tf.extractfile(MEMBER)
+            except KeyError:
+                member = None
             if member is None:
                 raise FileNotFoundError(f"{p}: no {MEMBER}")
             data = member.read()
