@@ -149,19 +149,41 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | No
 
 
 def read_records(files: list[Path], fields: tuple[str, ...] = ()) -> list[dict]:
-    """The clip records of ``--out`` files, in order; ValueError naming the file, line and
-    field of a record that lacks one of ``fields``."""
-    recs = []
+    """The clip records of ``--out`` files, in order.
+
+    ValueError naming the file and line of a record that is not a JSON object, lacks its
+    ``split`` and ``id`` or one of ``fields``, or repeats a clip already read (a shard passed
+    twice would count its clips twice); FileNotFoundError naming a missing file.
+    """
+    recs: list[dict] = []
+    seen: dict[tuple[str, str], str] = {}
     for path in files:
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such evaluation file")
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if not line.strip():
                 continue
-            rec = json.loads(line)
-            missing = [f for f in fields if f not in rec]
+            rec = _parse_record(line, f"{path}: line {n}")
+            missing = [f for f in ("split", "id", *fields) if f not in rec]
             if missing:
                 raise ValueError(f"{path}: line {n}: no field {missing[0]!r}")
+            clip = (str(rec["split"]), str(rec["id"]))
+            if clip in seen:
+                raise ValueError(f"{path}: line {n}: clip {clip[0]}/{clip[1]} read twice "
+                                 f"(first at {seen[clip]})")
+            seen[clip] = f"{path}: line {n}"
             recs.append(rec)
     return recs
+
+
+def _parse_record(line: str, where: str) -> dict:
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not a JSON record ({exc.msg})") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: not a JSON record (a {type(rec).__name__})")
+    return rec
 
 
 def summarise(files: list[Path]) -> dict[str, float]:
@@ -169,7 +191,7 @@ def summarise(files: list[Path]) -> dict[str, float]:
     from . import load_processor
 
     tokenizer = load_processor(minivox_dir()).tokenizer
-    recs = read_records(files)
+    recs = read_records(files, ("hyp", "ref", "n_gen", "wer"))
     out = {}
     for split in sorted({r["split"] for r in recs}):
         rs = [r for r in recs if r["split"] == split]
@@ -207,7 +229,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="only print corpus WER per split from these --out files")
     a = ap.parse_args(argv)
     if a.summarise:
-        summarise(a.summarise)
+        try:
+            summarise(a.summarise)
+        except (ValueError, FileNotFoundError) as exc:
+            sys.exit(f"error: {exc}")
         return
     opts = EvalOptions(limit=a.limit, shard=a.shard, speed=a.speed, no_repeat_ngram=a.no_repeat_ngram,
                        ids=frozenset(a.ids.split(",")) if a.ids else None,
