@@ -19,8 +19,13 @@ from .modeling import (
 )
 from .processing import MinivoxProcessor
 
+#: WnW App. E head scores of the shipped adapter, calibrated on the ``calib`` split (50 clips
+#: disjoint from every test set, WnW §3.2); what ``--model minivox`` uses without a calibration
+SHIPPED_HEADS = Path(__file__).with_name("heads.json")
+
 __all__ = [
     "AUDIO_TOKENS_PER_SECOND",
+    "SHIPPED_HEADS",
     "MinivoxConfig",
     "MinivoxForConditionalGeneration",
     "MinivoxProcessor",

@@ -83,7 +83,8 @@ class PolicyContext:
                 f"policy {policy!r} needs per-head calibration scores (voice score and head "
                 "sensitivity, WnW §2.2). The trace carries none: pass --calibration heads.json "
                 "(made by `kvsim calibrate --model M AUDIO... --out heads.json`), or trace with "
-                "`kvsim trace --calibrate`; synthetic traces from `kvsim synth` carry them."
+                "`kvsim trace --calibrate`; synthetic traces from `kvsim synth` carry them, and "
+                "minivox's own (for its shipped adapter) are minivox/heads.json."
             )
         hs = self.head_scores
         want = (self.heads.n_layers, self.heads.n_kv_heads)

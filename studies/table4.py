@@ -26,6 +26,7 @@ import polars as pl
 
 from kvsim.core.steplog import RunFacts
 from kvsim.live.run import PlanItem
+from kvsim.minivox import SHIPPED_HEADS
 from kvsim.sim import ModelPreset
 from kvsim.sim.tables import WNW_TABLE4
 from kvsim.studies.live_grid import GridSpec
@@ -57,7 +58,7 @@ class Table4Config:
     budget: float = 0.2
     n_anchor: int = PAPER_ANCHORS
     max_new_tokens: int = 300
-    heads: Path | None = Path("minivox/heads.json")
+    heads: Path | None = SHIPPED_HEADS
     calibration_traces: tuple[Path, ...] = ()
     lambda_fit: str = "measured"  #: λ fit on calibration_traces: measured (WnW §3.4) | prefill
     gpus: tuple[str, ...] = ("h100-sxm", "a100-80gb")

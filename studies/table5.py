@@ -17,6 +17,7 @@ from pathlib import Path
 import polars as pl
 
 from kvsim.live.run import PlanItem, aggregate, make_plan, wer_chart, with_method
+from kvsim.minivox import SHIPPED_HEADS
 from kvsim.studies.live_grid import GridSpec
 from kvsim.studies.report import StudyReport
 
@@ -311,7 +312,7 @@ class Table5Config:
     budgets: tuple[float, ...] = DEFAULT_BUDGETS
     max_new_tokens: int = 300
     max_seconds: float | None = None  #: crop each clip (and its reference) to this length
-    heads: Path | None = Path("minivox/heads.json")
+    heads: Path | None = SHIPPED_HEADS
     calibration_traces: tuple[Path, ...] = ()
     lambda_fit: str = "measured"  #: λ fit on calibration_traces: measured (WnW §3.4) | prefill
     live_runs: tuple[Path, ...] = ()

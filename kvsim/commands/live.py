@@ -10,11 +10,12 @@ from typing import Annotated, Any
 import typer
 
 from kvsim.commands._errors import err, fail, print_error
+from kvsim.commands._options import calibration_for
 from kvsim.commands._table import Column, FormatOption, TableFormat, WideOption, print_frame
 
 #: The live summary: the compact set fits 80 columns with whole policy names.
 LIVE_COLUMNS = [
-    Column("transform", "input", text=True),
+    Column("transform", "transform", text=True),
     Column("label", "policy", text=True),
     Column("budget", "r", "{:.2f}"),
     Column("r_gpu", "r_GPU", "{:.3f}"),
@@ -46,7 +47,7 @@ def live(
     instruction: Annotated[str | None, typer.Option(help="Instruction text after the audio (overrides the task's)")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Stop after this many tokens")] = 400,
     physical: Annotated[bool, typer.Option("--physical", help="Physical offload instead of masking emulation")] = False,
-    calibration: Annotated[Path | None, typer.Option(help="heads.json calibration file (WnW, AudioKV)")] = None,
+    calibration: Annotated[Path | None, typer.Option(help="heads.json calibration file (WnW, AudioKV); default with --model minivox: the shipped adapter's own")] = None,
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
     dtype: Annotated[str, typer.Option(help="Weights dtype")] = "float32",
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory")] = Path("runs/live"),
@@ -75,6 +76,9 @@ def live(
         check_range("--max-seconds", max_seconds, 0, low_open=True)
         plan = make_plan(policy, parse_budgets(budget), transform)
         items = _select_inputs(inputs, reference, dataset, split, limit, ids, task)
+        if calibration is None and (calibration := calibration_for(model, None)):
+            err.print(f"head scores: {calibration} (minivox's shipped calibration; "
+                      "--calibration FILE for another)", markup=False)
         scores = read_heads(calibration) if calibration else None
         config = {"model": model, "plan": [f"{p.transform}/{p.spec.label}@{p.spec.budget:g}" for p in plan],
                   "max_new_tokens": max_new_tokens, "max_seconds": max_seconds, "task": task,

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from kvsim.commands._errors import fail, print_error
-from kvsim.commands._options import MODEL_HELP
+from kvsim.commands._errors import err, fail, print_error
+from kvsim.commands._options import MODEL_HELP, calibration_for
 
 AUDIO_EXTS = (".wav", ".flac", ".ogg", ".mp3")
 
@@ -76,7 +76,7 @@ def trace(
     window: Annotated[int, typer.Option(help="Observation window: store the queries of the last N prompt positions (32: AudioKV's, WnW App. F).")] = 32,
     aligner: Annotated[str, typer.Option(help="Word alignment: auto (reference file, else Whisper), reference, whisper, none.")] = "auto",
     calibrate: Annotated[bool, typer.Option("--calibrate", help="Also compute WnW head scores over these inputs and store them in every trace (and OUT/heads.json).")] = False,
-    heads: Annotated[Path | None, typer.Option(help="Store this calibration file (from `kvsim calibrate` on a held-out set) in every trace written.")] = None,
+    heads: Annotated[Path | None, typer.Option(help="Store this calibration file (from `kvsim calibrate` on a held-out set) in every trace written; default with --model minivox: the shipped adapter's own.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Retrace inputs whose trace is already complete.")] = False,
 ) -> None:
     """Trace INPUTS with a real backbone: one *.kvtrace per input, written to OUT (default: traces/).
@@ -98,6 +98,9 @@ def trace(
     if store_dtype not in ("float16", "float32"):
         fail(f"--store-dtype {store_dtype}: must be float16 or float32")
     files = check_audio_inputs(inputs)
+    if heads is None and not calibrate and (heads := calibration_for(model, None)):
+        err.print(f"head scores: {heads} (minivox's shipped calibration; --heads FILE for "
+                  "another, --calibrate to compute them)", markup=False)
     scores = _read_heads(heads)
     cfg = batch_config(model, out, device=device, dtype=dtype, aligner=aligner, task=task,
                        language=language, prompt=prompt, reference=reference, overwrite=overwrite,
@@ -165,7 +168,6 @@ def _open_run(out: Path, files: list[Path], cfg):
 def _trace_all(files: list[Path], cfg, run, calibrate: bool, scores) -> None:
     """Trace every input into ``run`` (calibrating or storing head scores after); print the
     summary; exit 1 when an input failed, 2 when the whole run did."""
-    from kvsim.commands._errors import err
     from kvsim.tracer.backbones import BackboneError
     from kvsim.tracer.batch import run_batch, summary_table
 

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from kvsim.commands._options import calibration_for
 from kvsim.commands.study import (
     DatasetRootOption,
     DeviceOption,
@@ -61,8 +62,7 @@ def fidelity(
             max_new_tokens = live_runs_max_new_tokens(live_runs)
         if limit < 2:
             raise ValueError(f"--limit {limit}: the statistics need at least 2 clips")
-        if heads is None and model == "minivox":
-            heads = Path("minivox/heads.json")
+        heads = calibration_for(model, heads)
         if heads is not None and not heads.exists():
             raise FileNotFoundError(f"--heads {heads}: no such file")
         items = _inputs(inputs, dataset_root, split, limit)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from kvsim.commands._options import calibration_for
 from kvsim.commands.study import (
     DatasetRootOption,
     DeviceOption,
@@ -44,7 +45,7 @@ def table4(
     budget: Annotated[float, typer.Option("--budget", "-b", help="Target r_GPU (the paper's ~20%)")] = 0.2,
     n_anchor: Annotated[int, typer.Option(help="Anchor heads (the paper's 5)")] = 5,
     max_new_tokens: Annotated[int, typer.Option(help="Token cap per clip")] = 300,
-    heads: Annotated[Path, typer.Option(help="heads.json of the model (WnW's head scores)")] = Path("minivox/heads.json"),
+    heads: Annotated[Path | None, typer.Option(help="heads.json of the model (WnW's head scores); default with --model minivox: the shipped adapter's own")] = None,
     calibration_traces: Annotated[list[str] | None, typer.Option(help="Traces to fit λ per tidal count on (WnW §3.4); repeat or comma-separate")] = None,
     lambda_fit: LambdaFitOption = "measured",
     gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPU presets to simulate on, comma-separated")] = "h100-sxm,a100-80gb",
@@ -72,7 +73,7 @@ def table4(
         counts = _counts(tidal)
         cfg = Table4Config(
             dataset_root=dataset_root, split=split, limit=limit, tidal=counts, budget=budget,
-            n_anchor=n_anchor, max_new_tokens=max_new_tokens, heads=heads,
+            n_anchor=n_anchor, max_new_tokens=max_new_tokens, heads=calibration_for(model, heads),
             calibration_traces=tuple(Path(p) for p in _split(calibration_traces)),
             lambda_fit=lambda_fit,
             gpus=tuple(_split([gpu])), sim_model=sim_model, runtime=runtime,

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from kvsim.commands._options import calibration_for
 from kvsim.commands.study import (
     DatasetRootOption,
     DeviceOption,
@@ -34,7 +35,7 @@ def table5(
     budget: Annotated[str, typer.Option("--budget", "-b", help="Target r_GPU values")] = "0.2,0.4,0.6,0.8",
     max_new_tokens: Annotated[int, typer.Option(help="Token cap per clip: enough for the longest transcript (minivox: 1.7 per reference word + 10)")] = 300,
     max_seconds: Annotated[float | None, typer.Option(help="Crop each clip (and its reference) to this length")] = None,
-    heads: Annotated[Path, typer.Option(help="heads.json for WnW / AudioKV")] = Path("minivox/heads.json"),
+    heads: Annotated[Path | None, typer.Option(help="heads.json for WnW / AudioKV; default with --model minivox: the shipped adapter's own")] = None,
     calibration_traces: Annotated[list[str] | None, typer.Option(help="Traces to fit WnW's λ per budget on (WnW §3.4); repeat or comma-separate")] = None,
     lambda_fit: LambdaFitOption = "measured",
     live_runs: Annotated[list[str] | None, typer.Option(help="Existing kvsim live run folders to read instead of decoding; repeat or comma-separate")] = None,
@@ -62,7 +63,7 @@ def table5(
             dataset_root=dataset_root, split=split, limit=limit,
             ids=_split([ids]) if ids else None, methods=tuple(_split(policy)) or DEFAULT_METHODS,
             budgets=tuple(parse_budgets(budget)), max_new_tokens=max_new_tokens, max_seconds=max_seconds,
-            heads=heads,
+            heads=calibration_for(model, heads),
             calibration_traces=tuple(Path(p) for p in _split(calibration_traces)),
             lambda_fit=lambda_fit,
             live_runs=tuple(Path(p) for p in _split(live_runs)), runs_only=runs_only,

@@ -1,0 +1,34 @@
+"""Which heads.json a command reads: the one given, else minivox's shipped one for minivox."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvsim.commands._options import calibration_for
+from kvsim.minivox import SHIPPED_HEADS
+from kvsim.trace.heads import read_heads
+
+
+def test_given_file_wins_and_only_minivox_has_a_default():
+    mine = Path("elsewhere/heads.json")
+    assert calibration_for("minivox", mine) == mine
+    assert calibration_for("voxtral-mini", mine) == mine
+    assert calibration_for("minivox", None) == SHIPPED_HEADS
+    for model in ("voxtral-mini", "qwen-omni", "tiny", "checkpoints/minivox"):
+        assert calibration_for(model, None) is None
+
+
+def test_the_shipped_scores_are_minivox_shaped_and_found_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert SHIPPED_HEADS.is_absolute()
+    scores = read_heads(SHIPPED_HEADS)
+    # SmolLM2-135M: 30 layers, 3 KV-heads (minivox/MODEL_CARD.md)
+    assert scores.voice_score.shape == (30, 3)
+
+
+def test_the_studies_default_to_the_same_file():
+    from kvsim.studies.table4 import Table4Config
+    from kvsim.studies.table5 import Table5Config
+
+    assert Table4Config().heads == SHIPPED_HEADS
+    assert Table5Config().heads == SHIPPED_HEADS
