@@ -19,7 +19,7 @@ from kvsim.commands.study import (
 )
 
 TracesArg = Annotated[list[Path] | None, typer.Argument(help="Traces to replay (default: the shipped traces/minivox-*.kvtrace)")]
-HeadsOption = Annotated[Path | None, typer.Option("--calibration", help="heads.json of the model (default: minivox/heads.json of the checkout)")]
+HeadsOption = Annotated[Path | None, typer.Option("--calibration", help="heads.json of the model (default: minivox's shipped minivox/heads.json)")]
 CalibTracesOption = Annotated[list[Path] | None, typer.Option("--calibration-traces", help="Traces (or folders) to fit WnW's λ on, per setting × r_GPU (WnW §3.4); without: per-input λ")]
 LimitOption = Annotated[int, typer.Option("--limit", help="Live inputs (clips, >= 1; --quick: 2)")]
 MaxNewOption = Annotated[int, typer.Option("--max-new-tokens", help="Live generation cap (>= 1); a run that reaches it did not terminate")]
@@ -49,13 +49,6 @@ class SweepArgs:
     lambda_fit: str = "measured"
 
 
-def default_heads() -> Path:
-    """minivox's heads.json in the source checkout."""
-    import kvsim.specs
-
-    return Path(kvsim.specs.__file__).resolve().parent.parent / "minivox" / "heads.json"
-
-
 def sweep_options(args: SweepArgs):
     """(SweepOptions, n_heads) from the command line; ValueError / FileNotFoundError on a bad
     option (one line)."""
@@ -73,7 +66,9 @@ def sweep_options(args: SweepArgs):
         args.traces or sorted(default_trace_dir().glob("minivox-*.kvtrace")))
     if not args.no_replay and not traces:
         raise ValueError("no *.kvtrace to replay")
-    heads = args.heads or default_heads()
+    from kvsim.minivox import SHIPPED_HEADS
+
+    heads = args.heads or SHIPPED_HEADS
     n_heads = read_heads(heads).voice_score.size if heads.exists() else None
     if n_heads is None:
         if args.heads is not None or not traces:
