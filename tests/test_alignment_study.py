@@ -75,3 +75,15 @@ def test_shipped_minivox_trace_reads_its_audio_in_order(tmp_path):
 
     ref = load_word_times(WORDS)
     assert word_agreement(a.path, ref) > 0.5 > 0.1 > chance_agreement(a.path, ref)
+
+
+@pytest.mark.skipif(not SHIPPED.is_dir(), reason="shipped minivox trace not present")
+@pytest.mark.parametrize("content, why", [(None, "not found"), ('{"words": [1]}', "words[0]: needs word")])
+def test_a_bad_words_file_is_one_line_naming_it_once(tmp_path, content, why):
+    words = tmp_path / "w.json"
+    if content is not None:
+        words.write_text(content)
+    res = CliRunner().invoke(app, ["alignment", str(SHIPPED), "--words", str(words), "-o", str(tmp_path)])
+    assert res.exit_code != 0
+    line = next(ln for ln in res.output.splitlines() if ln.startswith("error:"))
+    assert why in line and line.count(str(words)) == 1

@@ -96,7 +96,8 @@ def _align_trace(path: Path, words: Path | None, layers: list[int] | None, n_lay
     try:
         ref = load_word_times(words) if words else None
     except AlignmentError as exc:
-        raise TraceError(str(words), "--words", str(exc)) from None
+        # the loader's message starts with the file, which TraceError names already
+        raise TraceError(str(words), "--words", str(exc).removeprefix(f"{words}: ")) from None
     speech = max(w.end for w in ref) if ref else res.audio_seconds
     agree = (f"{word_agreement(res.path, ref):.0%} (chance {chance_agreement(res.path, ref):.0%})"
              if ref else "n/a (no --words)")
