@@ -17,7 +17,6 @@ the audio carried what one of them failed to read.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -38,8 +37,10 @@ def missed_words(ref: str, hyp: str) -> list[bool]:
 
 
 def read(path: Path) -> dict[tuple[str, str], dict]:
-    """Records by (split, clip id)."""
-    return {(r["split"], r["id"]): r for r in map(json.loads, path.read_text().splitlines())}
+    """Records by (split, clip id); ValueError naming the file and line of a bad record."""
+    from kvsim.minivox.evaluate import read_records
+
+    return {(r["split"], r["id"]): r for r in read_records([path], ("ref", "hyp"))}
 
 
 def overlap(a: dict, b: dict) -> dict[str, dict[str, float]]:
@@ -73,11 +74,14 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     try:
         a, b = read(args.a), read(args.b)
-        if args.split:
-            a = {k: v for k, v in a.items() if k[0] == args.split}
-            b = {k: v for k, v in b.items() if k[0] == args.split}
+    except (OSError, ValueError) as e:  # the message names the file and line
+        ap.error(str(e))
+    if args.split:
+        a = {k: v for k, v in a.items() if k[0] == args.split}
+        b = {k: v for k, v in b.items() if k[0] == args.split}
+    try:
         table = overlap(a, b)
-    except (OSError, ValueError, KeyError) as e:
+    except ValueError as e:
         ap.error(f"{args.a}, {args.b}: {e}")
     print(f"{'split':<12} {'words':>7} {'A missed':>9} {'B missed':>9} {'both':>6} "
           f"{'A | B missed':>13} {'A | B right':>12}")

@@ -49,3 +49,12 @@ def test_different_clips_or_references_are_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         script.main([str(a), str(a), "--split", "nope"])
     assert "no clips to compare" in capsys.readouterr().err
+
+
+def test_a_bad_line_is_named_by_file_and_line(tmp_path, capsys):
+    a = _records(tmp_path, "a", {("t", "1"): "a b"})
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(a.read_text() + "{not json\n")
+    with pytest.raises(SystemExit):
+        script.main([str(a), str(bad)])
+    assert f"{bad}: line 2: not a JSON record" in capsys.readouterr().err
