@@ -152,11 +152,11 @@ def read_records(files: list[Path], fields: tuple[str, ...] = ()) -> list[dict]:
     """The clip records of ``--out`` files, in order.
 
     ValueError naming the file and line of a record that is not a JSON object, lacks its
-    ``split`` and ``id`` or one of ``fields``, or repeats a clip already read (a shard passed
+    ``id`` or one of ``fields``, or repeats a clip already read (a shard passed
     twice would count its clips twice); FileNotFoundError naming a missing file.
     """
     recs: list[dict] = []
-    seen: dict[tuple[str, str], str] = {}
+    seen: dict[str, str] = {}  # split/id -> where it was read
     for path in files:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such evaluation file")
@@ -164,13 +164,12 @@ def read_records(files: list[Path], fields: tuple[str, ...] = ()) -> list[dict]:
             if not line.strip():
                 continue
             rec = _parse_record(line, f"{path}: line {n}")
-            missing = [f for f in ("split", "id", *fields) if f not in rec]
+            missing = [f for f in ("id", *fields) if f not in rec]
             if missing:
                 raise ValueError(f"{path}: line {n}: no field {missing[0]!r}")
-            clip = (str(rec["split"]), str(rec["id"]))
+            clip = f"{rec.get('split', '')}/{rec['id']}".lstrip("/")
             if clip in seen:
-                raise ValueError(f"{path}: line {n}: clip {clip[0]}/{clip[1]} read twice "
-                                 f"(first at {seen[clip]})")
+                raise ValueError(f"{path}: line {n}: clip {clip} read twice (first at {seen[clip]})")
             seen[clip] = f"{path}: line {n}"
             recs.append(rec)
     return recs
@@ -191,7 +190,7 @@ def summarise(files: list[Path]) -> dict[str, float]:
     from . import load_processor
 
     tokenizer = load_processor(minivox_dir()).tokenizer
-    recs = read_records(files, ("hyp", "ref", "n_gen", "wer"))
+    recs = read_records(files, ("split", "hyp", "ref", "n_gen", "wer"))
     out = {}
     for split in sorted({r["split"] for r in recs}):
         rs = [r for r in recs if r["split"] == split]

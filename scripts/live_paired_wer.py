@@ -76,7 +76,7 @@ def evaluation_runs(files: list[Path]) -> pl.DataFrame:
 
     tokenizer, rows = None, []
     for f in files:
-        for rec in read_records([f]):
+        for rec in read_records([f], ("split",)):
             if "errors" not in rec:
                 from kvsim.minivox import load_processor, minivox_dir
                 from kvsim.wer import truncated_wer

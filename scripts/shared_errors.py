@@ -40,7 +40,7 @@ def read(path: Path) -> dict[tuple[str, str], dict]:
     """Records by (split, clip id); ValueError naming the file and line of a bad record."""
     from kvsim.minivox.evaluate import read_records
 
-    return {(r["split"], r["id"]): r for r in read_records([path], ("ref", "hyp"))}
+    return {(r["split"], r["id"]): r for r in read_records([path], ("split", "ref", "hyp"))}
 
 
 def overlap(a: dict, b: dict) -> dict[str, dict[str, float]]:
