@@ -18,6 +18,17 @@ def test_given_file_wins_and_only_minivox_has_a_default():
         assert calibration_for(model, None) is None
 
 
+def test_another_adapter_gets_no_default(tmp_path, monkeypatch):
+    other = tmp_path / "mine.safetensors"
+    other.write_bytes(b"")
+    monkeypatch.setenv("MINIVOX_ADAPTER", str(other))
+    assert calibration_for("minivox", None) is None
+    from kvsim.minivox.build import REPO_WEIGHTS
+
+    monkeypatch.setenv("MINIVOX_ADAPTER", str(REPO_WEIGHTS))
+    assert calibration_for("minivox", None) == SHIPPED_HEADS
+
+
 def test_the_shipped_scores_are_minivox_shaped_and_found_from_any_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert SHIPPED_HEADS.is_absolute()

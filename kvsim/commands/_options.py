@@ -45,11 +45,16 @@ def check_positive_ints(**options: int | None) -> None:
 
 
 def calibration_for(model: str, given: Path | None) -> Path | None:
-    """The heads.json a command reads: ``given``, else for ``--model minivox`` the shipped
-    adapter's own (:data:`kvsim.minivox.SHIPPED_HEADS`), else None (policies that need
-    head scores then say how to make them)."""
+    """The heads.json a command reads: ``given``, else for ``--model minivox`` with the
+    shipped adapter its own (:data:`kvsim.minivox.SHIPPED_HEADS`), else None (policies that
+    need head scores then say how to make them). Another adapter (``$MINIVOX_ADAPTER``)
+    gets no default: the shipped scores were calibrated on the shipped adapter."""
     if given is not None or model != "minivox":
         return given
     from kvsim.minivox import SHIPPED_HEADS
+    from kvsim.minivox.build import REPO_WEIGHTS, default_adapter_path
 
+    adapter = default_adapter_path()
+    if adapter is None or adapter.resolve() != REPO_WEIGHTS:
+        return None
     return SHIPPED_HEADS
