@@ -385,7 +385,8 @@ def missing_inputs(cfg: DataConfig, splits: list[str] | None = None,
             espeak_ok = False
     if not espeak_ok:
         problems.append(ESPEAK_MISSING)
-    problems += [p for p in [fortunes_problem(fortune_root)] if p]
+    if problem := fortunes_problem(fortune_root):
+        problems.append(problem)
     if any(s.pool in ("extra", "prose") for s in wanted):
         problems += missing_sources(fortune_root, wordnet_root)
     if any(s.pool == "prose" for s in wanted):

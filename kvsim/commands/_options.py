@@ -58,3 +58,11 @@ def calibration_for(model: str, given: Path | None) -> Path | None:
     if adapter is None or adapter.resolve() != REPO_WEIGHTS:
         return None
     return SHIPPED_HEADS
+
+
+def announce_shipped_calibration(path: Path, flag: str, alternatives: str = "") -> None:
+    """Say on stderr that ``path`` came from :func:`calibration_for`'s minivox default."""
+    from kvsim.commands._errors import err
+
+    err.print(f"head scores: {path} (minivox's shipped calibration; {flag} FILE for another"
+              f"{alternatives})", markup=False)

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from kvsim.commands._errors import err, fail, print_error
-from kvsim.commands._options import calibration_for
+from kvsim.commands._options import announce_shipped_calibration, calibration_for
 from kvsim.commands._table import Column, FormatOption, TableFormat, WideOption, print_frame
 
 #: The live summary: the compact set fits 80 columns with whole policy names.
@@ -77,8 +77,7 @@ def live(
         plan = make_plan(policy, parse_budgets(budget), transform)
         items = _select_inputs(inputs, reference, dataset, split, limit, ids, task)
         if calibration is None and (calibration := calibration_for(model, None)):
-            err.print(f"head scores: {calibration} (minivox's shipped calibration; "
-                      "--calibration FILE for another)", markup=False)
+            announce_shipped_calibration(calibration, "--calibration")
         scores = read_heads(calibration) if calibration else None
         config = {"model": model, "plan": [f"{p.transform}/{p.spec.label}@{p.spec.budget:g}" for p in plan],
                   "max_new_tokens": max_new_tokens, "max_seconds": max_seconds, "task": task,

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from kvsim.commands._errors import err, fail, print_error
-from kvsim.commands._options import MODEL_HELP, calibration_for
+from kvsim.commands._options import MODEL_HELP, announce_shipped_calibration, calibration_for
 
 AUDIO_EXTS = (".wav", ".flac", ".ogg", ".mp3")
 
@@ -99,8 +99,7 @@ def trace(
         fail(f"--store-dtype {store_dtype}: must be float16 or float32")
     files = check_audio_inputs(inputs)
     if heads is None and not calibrate and (heads := calibration_for(model, None)):
-        err.print(f"head scores: {heads} (minivox's shipped calibration; --heads FILE for "
-                  "another, --calibrate to compute them)", markup=False)
+        announce_shipped_calibration(heads, "--heads", ", --calibrate to compute them")
     scores = _read_heads(heads)
     cfg = batch_config(model, out, device=device, dtype=dtype, aligner=aligner, task=task,
                        language=language, prompt=prompt, reference=reference, overwrite=overwrite,
