@@ -43,3 +43,38 @@ def test_the_studies_default_to_the_same_file():
 
     assert Table4Config().heads == SHIPPED_HEADS
     assert Table5Config().heads == SHIPPED_HEADS
+
+
+def _sweep_args(traces, model, no_replay=False):
+    from kvsim.commands.study._wnw_sweep import SweepArgs
+
+    return SweepArgs(traces=traces, heads=None, calibration_traces=None,
+                     dataset_root=Path("data/minivox"), limit=2, max_new_tokens=8,
+                     no_live=not no_replay, no_replay=no_replay, model=model, device="cpu",
+                     ray=None, max_steps=None, quick=True, out=Path("unused"))
+
+
+def test_the_wnw_sweeps_default_only_minivox_to_its_scores():
+    """``kvsim study table3/table7`` without --calibration: minivox gets its shipped scores;
+    another model's traces are replayed with the scores they carry and sized by their layout."""
+    from kvsim.commands.study._wnw_sweep import sweep_options
+    from kvsim.specs import default_trace_dir
+    from kvsim.trace.reader import Trace
+
+    opts, n_heads = sweep_options(_sweep_args(None, "minivox"))
+    assert opts.heads == SHIPPED_HEADS and n_heads == read_heads(SHIPPED_HEADS).voice_score.size
+    other = default_trace_dir() / "synth-qwen-omni-5s.kvtrace"
+    lay = Trace(other).head_layout
+    opts, n_heads = sweep_options(_sweep_args([other], "qwen-omni"))
+    assert opts.heads is None
+    assert n_heads == lay.n_layers * lay.n_kv_heads != read_heads(SHIPPED_HEADS).voice_score.size
+
+
+def test_a_live_only_sweep_of_another_model_asks_for_its_scores():
+    import pytest
+
+    from kvsim.commands.study._wnw_sweep import sweep_options
+
+    with pytest.raises(ValueError, match="--calibration") as info:
+        sweep_options(_sweep_args(None, "qwen-omni", no_replay=True))
+    assert "\n" not in str(info.value)

@@ -19,7 +19,7 @@ from kvsim.commands.study import (
 )
 
 TracesArg = Annotated[list[Path] | None, typer.Argument(help="Traces to replay (default: the shipped traces/minivox-*.kvtrace)")]
-HeadsOption = Annotated[Path | None, typer.Option("--calibration", help="heads.json of the model (default: minivox's shipped minivox/heads.json)")]
+HeadsOption = Annotated[Path | None, typer.Option("--calibration", help="heads.json of the model (default: minivox's shipped minivox/heads.json for --model minivox, else the scores each trace carries)")]
 CalibTracesOption = Annotated[list[Path] | None, typer.Option("--calibration-traces", help="Traces (or folders) to fit WnW's λ on, per setting × r_GPU (WnW §3.4); without: per-input λ")]
 LimitOption = Annotated[int, typer.Option("--limit", help="Live inputs (clips, >= 1; --quick: 2)")]
 MaxNewOption = Annotated[int, typer.Option("--max-new-tokens", help="Live generation cap (>= 1); a run that reaches it did not terminate")]
@@ -51,11 +51,11 @@ class SweepArgs:
 
 def sweep_options(args: SweepArgs):
     """(SweepOptions, n_heads) from the command line; ValueError / FileNotFoundError on a bad
-    option (one line)."""
-    from kvsim.commands._options import check_positive_ints
+    option (one line). Head scores: --calibration, else minivox's shipped ones for minivox
+    (:func:`~kvsim.commands._options.calibration_for`), else each trace's own, the head count
+    then from the first trace's layout."""
+    from kvsim.commands._options import calibration_for, check_positive_ints
     from kvsim.specs import default_trace_dir
-    from kvsim.studies.live_grid import GridSpec
-    from kvsim.studies.wnw_sweep import SweepOptions
     from kvsim.trace.heads import read_heads
     from kvsim.trace.reader import Trace, find_traces
 
@@ -66,23 +66,30 @@ def sweep_options(args: SweepArgs):
         args.traces or sorted(default_trace_dir().glob("minivox-*.kvtrace")))
     if not args.no_replay and not traces:
         raise ValueError("no *.kvtrace to replay")
-    from kvsim.minivox import SHIPPED_HEADS
-
-    heads = args.heads or SHIPPED_HEADS
-    n_heads = read_heads(heads).voice_score.size if heads.exists() else None
-    if n_heads is None:
-        if args.heads is not None or not traces:
+    heads = calibration_for(args.model, args.heads)
+    if heads is not None:
+        if not heads.exists():
             raise FileNotFoundError(f"{heads}: no such calibration file")
-        heads, lay = None, Trace(traces[0]).head_layout
-        n_heads = lay.n_layers * lay.n_kv_heads
+        return _options(args, traces, heads), read_heads(heads).voice_score.size
+    if not traces:
+        raise ValueError(f"--calibration FILE: live WnW on {args.model} needs its head scores "
+                         "(kvsim calibrate)")
+    lay = Trace(traces[0]).head_layout
+    return _options(args, traces, None), lay.n_layers * lay.n_kv_heads
+
+
+def _options(args: SweepArgs, traces: list[Path], heads: Path | None):
+    from kvsim.studies.live_grid import GridSpec
+    from kvsim.studies.wnw_sweep import SweepOptions
+    from kvsim.trace.reader import find_traces
+
     calib = find_traces(args.calibration_traces) if args.calibration_traces else []
-    opts = SweepOptions(
+    return SweepOptions(
         traces=traces, heads=heads, calibration_traces=calib,
         live_out=None if args.no_live else args.out / "live", dataset_root=args.dataset_root,
         limit=min(args.limit, 2) if args.quick else args.limit, max_new_tokens=args.max_new_tokens,
         grid=GridSpec(model=args.model, device=args.device, ray=args.ray), max_steps=args.max_steps,
         lambda_fit=args.lambda_fit)
-    return opts, n_heads
 
 
 def run_sweep_study(report_fn, args: SweepArgs, t0: float) -> None:
