@@ -22,7 +22,7 @@ import numpy as np
 from kvsim.core.invariants import InvariantViolation
 from kvsim.policies import TIER_CPU, TIER_GONE, TIER_GPU, Policy, registry
 from kvsim.policies.spec import PolicySpec
-from kvsim.replay.engine import ReplayConfig, RunResult, replay_trace
+from kvsim.replay.engine import ReplayConfig, Replayer, RunResult
 from kvsim.synth import SynthConfig, synthesize
 from kvsim.trace.reader import Trace
 from kvsim.trace.writer import write_trace
@@ -59,9 +59,10 @@ def replay_one(spec: PolicySpec, audio_s: float, steps: int, seed: int,
     with tempfile.TemporaryDirectory() as tmp:
         trace = Trace(write_trace(Path(tmp) / "t.kvtrace", data))
         with captured_policies() as made:
-            runs = replay_trace(trace, [spec], ReplayConfig(record_tiers=True, seed=seed))
-    # a policy that needs head scores and did not find them would be dropped, not returned
-    _require(len(runs) == 1, f"{spec.label} did not run on a synthetic trace (calibration?)")
+            rep = Replayer(trace, ReplayConfig(record_tiers=True, seed=seed))
+            runs = rep.run([spec])
+    if rep.failures:  # the policy refused this trace (PolicyNotApplicable): raised here
+        raise rep.failures[0][1]
     return runs[0], made[0], trace
 
 

@@ -10,7 +10,8 @@ decode step and layer the current query scores every page (resident or not) by t
 bound of ``q . k`` over its box, ``sum_i max(q_i (c_i + d_i), q_i (c_i - d_i))``; the top-k
 pages must be resident, so missing ones are recalled from the CPU mirror, replacing the
 lowest-scored resident pages outside the top-k, which go back to CPU. Sink pages (start) and
-window pages (end) are always resident.
+window pages (end) are always resident. A budget that holds no page raises
+:class:`~kvsim.policies.base.PolicyNotApplicable` (the input is refused, never run empty).
 
 Reading under the audio-only scope (WnW §3.3, App. F: "page size 32, top-k recall budget
 proportional to the target audio KV retention r_GPU, CPU mirror of all evicted pages"):
@@ -65,6 +66,7 @@ from kvsim.policies.base import (
     TIER_GPU,
     Policy,
     PolicyContext,
+    PolicyNotApplicable,
     PrefillView,
     QueryView,
     StepQueryView,
@@ -159,6 +161,9 @@ class ArkVale(Policy):
         npg = n_pages(t_a, self.page_size)
         #: resident pages per (layer, KV-head), at every step
         self.page_budget, self._forced = self._page_plan(t_a)
+        if self.page_budget == 0:
+            raise PolicyNotApplicable(f"arkvale: {self._no_page(t_a, npg)}: no page fits; lower "
+                                      f"page_size (now {self.page_size}) or raise r")
         n_free = self.page_budget - int(self._forced.sum())
         k = int(np.floor(self.topk_fraction * self.page_budget + 1e-9)) - int(self._forced.sum())
         #: top-k pages that must be resident after each step's selection
@@ -190,6 +195,12 @@ class ArkVale(Policy):
         self._stacked: LayerPageBoxes | None = None  # every layer's digests, for select_layers
         self._device: DevicePages | None = None  # what select_device keeps on a device
         return self._tiers.copy()
+
+    def _no_page(self, t_a: int, npg: int) -> str:
+        """The page budget's arithmetic, for the message of a budget of 0 pages."""
+        if self.budget_unit == "pages":
+            return f"floor({self.budget:g} × {npg} pages) = 0 pages"
+        return f"r={self.budget:g} of {t_a} audio tokens is {int(np.floor(self.budget * t_a + 1e-9))} tokens"
 
     def _page_plan(self, t_a: int) -> tuple[int, np.ndarray]:
         """Page budget and always-resident (sink, window) pages of one (layer, KV-head)."""

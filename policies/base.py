@@ -47,10 +47,10 @@ from kvsim.core.views import (
 
 __all__ = [
     "TIER_CPU", "TIER_DTYPE", "TIER_GONE", "TIER_GPU", "ArrayQueryView", "ArrayStepQueryView",
-    "BufferStepView", "HeadLayout",
-    "HeadScores", "MissingCalibrationError", "Policy", "PolicyContext", "PrefillView",
-    "QueryView", "StepQueryView", "StepView", "Tier", "all_audio_attention", "descending_ranks",
-    "full_tiers", "kv_group_sum", "shared", "topk_from_ranks", "topk_mask",
+    "BufferStepView", "HeadLayout", "HeadScores", "MissingCalibrationError", "Policy",
+    "PolicyContext", "PolicyNotApplicable", "PrefillView", "QueryView", "StepQueryView",
+    "StepView", "Tier", "all_audio_attention", "descending_ranks", "full_tiers",
+    "kv_group_sum", "shared", "topk_from_ranks", "topk_mask",
 ]
 
 
@@ -95,7 +95,13 @@ class PolicyContext:
         return hs
 
 
-class MissingCalibrationError(RuntimeError):
+class PolicyNotApplicable(RuntimeError):
+    """A policy cannot run on this input as configured (e.g. its budget holds no page of the
+    audio). Replay and live report it for that (input, policy, budget) and go on with the
+    others, instead of running the policy empty."""
+
+
+class MissingCalibrationError(PolicyNotApplicable):
     """A policy that needs head scores was run without them."""
 
 

@@ -8,6 +8,7 @@ over that box, ``sum_i max(q_i * max_i, q_i * min_i)``, and attention reads the 
 
 Under the audio-only scope (WnW §3.3) the pages tile the audio span and the page budget is
 ``K = floor(r * n_pages)`` per (layer, KV-head); the text and generated tokens are always read.
+``K = 0`` raises :class:`~kvsim.policies.base.PolicyNotApplicable` (never read nothing).
 Quest saves **bandwidth, not capacity**: its tiers stay all-GPU, so its measured r_GPU is 1.0
 while the fraction of audio KV attention reads (``read_audio_tokens`` of the step log) is
 about ``r``. GQA: Quest is defined per attention head; a KV-head reads a page when the group
@@ -34,6 +35,7 @@ from kvsim.policies._params import GROUP_REDUCES, require_choice, require_int
 from kvsim.policies.base import (
     Policy,
     PolicyContext,
+    PolicyNotApplicable,
     PrefillView,
     QueryView,
     StepQueryView,
@@ -85,6 +87,10 @@ class Quest(Policy):
         self._n_pages = n_pages(ctx.n_audio, self.page_size)
         #: pages read per (layer, KV-head) and step
         self.page_budget = int(np.floor(self.budget * self._n_pages + 1e-9))
+        if self.page_budget == 0:
+            raise PolicyNotApplicable(
+                f"quest: floor({self.budget:g} × {self._n_pages} pages) = 0 pages to read of "
+                f"{ctx.n_audio} audio tokens; lower page_size (now {self.page_size}) or raise r")
         self._digests: dict[int, PageBoxes] = {}
         self._stacked: LayerPageBoxes | None = None  # every layer's digests, for select_layers
         self._n_layers = ctx.heads.n_layers

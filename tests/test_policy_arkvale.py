@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from zoo_fakes import FakePrefill, FakeQuery, drive, make_ctx, random_prefill
 
-from kvsim.policies import Tier, make
+from kvsim.policies import PolicyNotApplicable, Tier, make
 from kvsim.policies._pages import bounding_box_digest, box_upper_bound, page_of_position
 
 
@@ -147,15 +147,27 @@ def test_sparse_read_reads_only_sink_topk_window() -> None:
 
 def test_tiny_budget() -> None:
     ctx = make_ctx(n_audio=40)  # 2 pages (32 + 8 tokens), r = 0.2 -> 8 tokens, 0.4 pages
-    pol = make("arkvale", 0.2, budget_unit="pages")
-    log = drive(pol, ctx, random_prefill(ctx), n_steps=2)
-    assert all((t == Tier.CPU).all() for t in log.tiers)
-    assert pol.gpu_capacity() == 0
     pol = make("arkvale", 0.2)  # the 8-token window page fits the 8-token budget
     log = drive(pol, ctx, random_prefill(ctx), n_steps=2)
     for t in log.tiers:
         assert (t[..., 32:] == Tier.GPU).all() and (t[..., :32] == Tier.CPU).all()
     assert pol.page_budget == 1 and pol.gpu_capacity() == 8 * 4
+
+
+@pytest.mark.parametrize(("n_audio", "unit", "said"), [
+    (40, "pages", "floor(0.2 × 2 pages) = 0"),  # 0.4 of a page
+    (125, "tokens", "25 tokens"),  # 4 pages of 32 (the last 29 tokens): none fits in 25
+])
+def test_a_budget_that_holds_no_page_is_refused_not_run_empty(n_audio: int, unit: str,
+                                                             said: str) -> None:
+    """A page budget of 0 would keep no audio at all: r_GPU 0 and recall 0 averaged into a
+    table as if ArkVale had run. The policy refuses the input instead (replay reports it and
+    the other policies go on)."""
+    ctx = make_ctx(n_audio=n_audio)
+    pol = make("arkvale", 0.2, budget_unit=unit)
+    with pytest.raises(PolicyNotApplicable, match="arkvale") as info:
+        pol.prefill(ctx, random_prefill(ctx))
+    assert said in str(info.value) and "page_size" in str(info.value)
 
 
 def test_share_heads_keeps_one_page_set_per_layer() -> None:

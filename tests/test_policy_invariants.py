@@ -36,7 +36,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
-from kvsim.policies import Tier, available, registry
+from kvsim.policies import MissingCalibrationError, PolicyNotApplicable, Tier, available, registry
 from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace
 from kvsim.synth import SynthConfig, synthesize
 from kvsim.testing import captured_policies, replay_one
@@ -123,7 +123,9 @@ def _draw_and_check(name: str, data: st.DataObject, recall_path: bool) -> bool:
     try:
         spec.make()
         run, pol, _ = replay_one(spec, audio_s, steps, seed, preset)
-    except ValueError as exc:  # an invalid or infeasible combination: a clear error
+    except MissingCalibrationError:  # synthetic traces carry head scores: a real failure
+        raise
+    except (ValueError, PolicyNotApplicable) as exc:  # invalid or infeasible: a clear error
         note(f"rejected: {exc}")
         assume(False)
     check_invariants(run, pol)

@@ -133,3 +133,20 @@ def test_engine_reads_page_budget_and_keeps_capacity(r: float) -> None:
     assert run.summary["r_gpu"] == run.summary["r_gpu_cpu"] == 1.0
     assert run.summary["read_fraction"] == pytest.approx(r)
     assert run.summary["h2d_mb_per_step"] == 0.0
+
+
+def test_a_budget_that_reads_no_page_is_refused_not_run_empty() -> None:
+    """floor(r · n_pages) = 0 would read no audio at all (recall 0 at r_GPU 1); the policy
+    refuses the input instead, naming the count and what to change."""
+    from kvsim.policies import PolicyNotApplicable
+
+    ctx = make_ctx(n_audio=100)  # page_size=128: one page; floor(0.4 · 1) = 0
+    with pytest.raises(PolicyNotApplicable, match=r"quest: .*floor\(0.4 × 1 pages\) = 0") as info:
+        make("quest", 0.4, page_size=128).prefill(ctx, random_prefill(ctx))
+    assert "page_size" in str(info.value)
+    pol = make("quest", 0.4, page_size=50)  # two pages: floor(0.8) = 0 too
+    with pytest.raises(PolicyNotApplicable):
+        pol.prefill(ctx, random_prefill(ctx))
+    pol = make("quest", 0.5, page_size=50)  # one page read
+    pol.prefill(ctx, random_prefill(ctx))
+    assert pol.page_budget == 1

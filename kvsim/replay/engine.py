@@ -35,7 +35,7 @@ from kvsim.core.attention import as_f32
 from kvsim.core.invariants import InvariantViolation, check_capacity, check_tiers
 from kvsim.core.steplog import RunFacts
 from kvsim.core.views import WindowPrefillView
-from kvsim.policies.base import HeadScores, MissingCalibrationError, Policy, PolicyContext
+from kvsim.policies.base import HeadScores, Policy, PolicyContext, PolicyNotApplicable
 from kvsim.policies.spec import PolicySpec
 from kvsim.replay.logwriter import StepLogWriter
 from kvsim.replay.metrics import RunMetrics
@@ -142,11 +142,13 @@ class Replayer:
         self.tensors = TraceTensors.load(trace, int(self.cfg.attention_block_mib * 2**20))
         self.ctx = trace_context(trace, self.cfg.head_scores, self.cfg.seed)
         self.dtype_bytes = np.dtype(meta.model.dtype).itemsize
-        self.failures: list[tuple[PolicySpec, str]] = []
+        #: (spec, why) of each policy that refused this trace; ``str(why)`` is the message
+        self.failures: list[tuple[PolicySpec, PolicyNotApplicable]] = []
 
     def run(self, specs: list[PolicySpec]) -> list[RunResult]:
-        """Replay every spec; a policy that cannot run on this trace (no calibration) is left
-        out and reported in :attr:`failures`."""
+        """Replay every spec; a policy that cannot run on this trace as configured (no
+        calibration, a budget that holds no page: :class:`PolicyNotApplicable`) is left out
+        and reported in :attr:`failures`."""
         self.failures = []
         runs = self._prefill(specs)
         if not runs:
@@ -171,9 +173,9 @@ class Replayer:
         for run in runs:
             try:
                 tiers = run.timed(run.policy.prefill, self.ctx, view)
-            except MissingCalibrationError as exc:
+            except PolicyNotApplicable as exc:
                 # a policy that cannot run on this trace is reported; the others go on
-                self.failures.append((run.spec, str(exc)))
+                self.failures.append((run.spec, exc))
                 continue
             check_tiers(run.label, tiers, shape)
             run.set_tiers(tiers)
