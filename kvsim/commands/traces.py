@@ -34,11 +34,15 @@ def trace_arguments(args: list[Path]) -> list[Path]:
 def each_trace(args: list[Path], work: Callable[[Path], None], label: str = "error:") -> int:
     """Call ``work`` on every trace that ``args`` name (traces or folders of traces; other
     files skipped by :func:`trace_arguments`). A bad argument or trace is reported as one line
-    on stderr (``<file>: <field>: <message>``) and the others go on; returns how many failed."""
-    from kvsim.trace.reader import collect_traces
+    on stderr (``<file>: <field>: <message>``) and the others go on; returns how many failed.
+    A trace named twice fails the command before any work (one line, exit 2)."""
+    from kvsim.trace.reader import DuplicateTraceError, collect_traces
     from kvsim.trace.schema import TraceError
 
-    paths, errors = collect_traces(trace_arguments(args))
+    try:
+        paths, errors = collect_traces(trace_arguments(args))
+    except DuplicateTraceError as exc:
+        fail(exc)
     for exc in errors:
         print_error(str(exc), label)
     failed = len(errors)
