@@ -121,3 +121,10 @@ def test_writer_never_replaces_a_directory_made_while_it_wrote(tmp_path: Path) -
         (target / "mine.txt").write_text("someone else's")
     assert [p.name for p in target.iterdir()] == ["mine.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["t.kvtrace"]
+
+
+def test_help_states_the_bounds_checked() -> None:
+    res = runner.invoke(app, ["synth", "--help"], env={"COLUMNS": "250"})
+    text = " ".join(res.output.split())
+    assert f"in (0, {MAX_AUDIO_SECONDS:g}]" in text and f"in [1, {MAX_DECODE_STEPS}]" in text
+    assert "--overwrite" in text
