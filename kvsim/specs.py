@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from kvsim.commands._options import check_range
 from kvsim.policies import registry
 from kvsim.policies.spec import PolicySpec
 
@@ -22,17 +23,16 @@ def parse_policies(args: list[str], budget: float) -> list[PolicySpec]:
     A user's policy is ``package.module:ClassName`` (then ``:key=value`` pairs): imported,
     checked to be a Policy subclass and registered under its ``name``."""
     specs: list[PolicySpec] = []
-    for arg in args:
-        for item in filter(None, (x.strip() for x in arg.split(","))):
-            name, *pairs = item.split(":")
-            source = None
-            if pairs and "=" not in pairs[0] and name not in registry.available():
-                source = f"{name}:{pairs.pop(0)}"
-                name = registry.load(source).name
-            names = list(registry.available()) if name == "all" else [name]
-            params = _hyperparameters(item, pairs)
-            for n in names:
-                specs.append(_checked_spec(item, n, budget, params, source))
+    for item in split_items(args, "-p/--policy", "policy"):
+        name, *pairs = item.split(":")
+        source = None
+        if pairs and "=" not in pairs[0] and name not in registry.available():
+            source = f"{name}:{pairs.pop(0)}"
+            name = registry.load(source).name
+        names = list(registry.available()) if name == "all" else [name]
+        params = _hyperparameters(item, pairs)
+        for n in names:
+            specs.append(_checked_spec(item, n, budget, params, source))
     return specs
 
 
@@ -62,23 +62,37 @@ def _hyperparameters(item: str, pairs: list[str]) -> dict:
         if "=" not in pair:
             raise ValueError(f"bad hyperparameter {pair!r} in {item!r}; use name:key=value")
         k, v = pair.split("=", 1)
+        if k in params:
+            raise ValueError(f"-p {item}: {k} given twice")
         params[k] = _value(v)
     return params
 
 
 def parse_budgets(text: str) -> list[float]:
+    """``"0.2,0.4"`` (``-b``/``--budget``) -> ``[0.2, 0.4]``, each in (0, 1]; ValueError naming
+    the option on anything else (no budget, an empty item, a non-number, one out of range)."""
     out = []
-    for item in filter(None, (x.strip() for x in text.split(","))):
+    for item in split_items([text], "-b/--budget", "budget"):
         try:
             b = float(item)
         except ValueError:
-            raise ValueError(f"budget {item!r} is not a number") from None
-        if not 0 < b <= 1:
-            raise ValueError(f"budget {b} must be in (0, 1]")
+            raise ValueError(f"-b/--budget {item!r}: not a number") from None
+        check_range("-b/--budget", b, 0, 1, low_open=True)
         out.append(b)
-    if not out:
-        raise ValueError("no budget given")
     return out
+
+
+def split_items(args: list[str], flag: str, what: str) -> list[str]:
+    """The comma-separated items of an option's values ``args``, stripped. ValueError naming
+    ``flag`` when there is no item at all (``-p ''``, ``-p ,``) or an empty one among others
+    (``-b 0.2,,0.4``: a mistyped list is not read as a shorter one)."""
+    items = [x.strip() for arg in args for x in arg.split(",")]
+    if not any(items):
+        raise ValueError(f"no {what} given ({flag})")
+    for arg in args:
+        if not all(x.strip() for x in arg.split(",")):
+            raise ValueError(f"{flag} {arg!r}: empty item (two commas in a row, or one at an end)")
+    return items
 
 
 def default_trace_dir() -> Path:

@@ -35,6 +35,12 @@ from kvsim.trace.schema import OBSERVATION_WINDOW, ModelFacts, TraceMeta, observ
 from kvsim.trace.writer import TraceData, TraceWriter, default_provenance, positions_frame
 
 ROLES = ("frontier", "diffuse", "sink")
+#: longest synthetic audio (s): four hours, twice the longest trace measured in
+#: docs/performance.md; at it a voxtral-mini trace with values is ~22 GB on disk and a layer
+#: ~2.5 GB of memory while drawn (beyond it memory, not the model, is the limit)
+MAX_AUDIO_SECONDS = 4 * 3600.0
+#: most synthetic decode steps: 65,536, more tokens than four hours of speech transcribe to
+MAX_DECODE_STEPS = 65536
 
 
 @dataclass(frozen=True)
@@ -92,8 +98,10 @@ class _Synthesizer:
 
     def __init__(self, cfg: SynthConfig) -> None:
         shape = get_shape(cfg.preset)
-        if cfg.audio_seconds <= 0 or cfg.decode_steps < 1:
-            raise ValueError("audio_seconds must be > 0 and decode_steps >= 1")
+        if not (0 < cfg.audio_seconds <= MAX_AUDIO_SECONDS and 1 <= cfg.decode_steps <= MAX_DECODE_STEPS):
+            raise ValueError(f"audio_seconds must be in (0, {MAX_AUDIO_SECONDS:g}] and decode_steps "
+                             f"in [1, {MAX_DECODE_STEPS}], got {cfg.audio_seconds:g} and "
+                             f"{cfg.decode_steps}")
         self.cfg, self.shape = cfg, shape
         self.rng = np.random.default_rng(cfg.seed)
         D = shape.head_dim
@@ -268,12 +276,14 @@ def synthesize(cfg: SynthConfig) -> TraceData:
                      positions=positions, values=values, head_scores=scores)
 
 
-def write_synthetic(path: str | Path, cfg: SynthConfig) -> Path:
+def write_synthetic(path: str | Path, cfg: SynthConfig, *, overwrite: bool = True) -> Path:
     """Synthesise a trace and write it to ``path``, a layer at a time: the trace of
     :func:`synthesize` (byte for byte), with memory for one layer instead of the whole trace.
-    Returns the ``*.kvtrace`` path written."""
+    Returns the ``*.kvtrace`` path written. A directory already there is replaced, unless
+    ``overwrite`` is False: then it is kept and :class:`FileExistsError` raised."""
     syn = _Synthesizer(cfg)
-    with TraceWriter(path, syn.model, syn.n_positions, syn.qpos, cfg.store_values) as writer:
+    with TraceWriter(path, syn.model, syn.n_positions, syn.qpos, cfg.store_values,
+                     overwrite=overwrite) as writer:
         for layer in range(syn.shape.n_layers):
             writer.write_layer(layer, *syn.layer(layer))
         writer.finish(*syn.finish())

@@ -25,8 +25,8 @@ class RandomPolicy(ScoringPolicy):
     Parameters
     ----------
     salt : int
-        Mixed with ``ctx.seed`` to draw independent subsets at the same seed (0; a control,
-        no paper value).
+        Mixed with ``ctx.seed`` to draw independent subsets at the same seed; >= 0 (0; a
+        control, no paper value).
     """
 
     name = "random"
@@ -37,7 +37,7 @@ class RandomPolicy(ScoringPolicy):
     def __post_init__(self) -> None:
         super().__post_init__()
         n = self.name
-        require_int(n, "salt", self.salt)
+        require_int(n, "salt", self.salt, lo=0)
 
     def score(self, ctx: PolicyContext, view: PrefillView) -> np.ndarray:
         """Independent uniform [0, 1) draws, seeded by ``ctx.seed`` and ``salt``."""

@@ -30,11 +30,14 @@ def alignment(
     from kvsim.commands._errors import fail
     from kvsim.commands._table import Column, print_frame
     from kvsim.commands.traces import each_trace, trace_arguments
-    from kvsim.trace.reader import collect_traces
+    from kvsim.trace.reader import DuplicateTraceError, collect_traces
 
     chosen = _parse_options(layers, n_layers, smooth, min_jump)
     traces = trace_arguments(traces)
-    paths, _ = collect_traces(traces)
+    try:
+        paths, _ = collect_traces(traces)
+    except DuplicateTraceError as exc:
+        fail(exc)
     if words and len(words) != len(paths):
         fail(f"--words: {len(words)} files for {len(paths)} traces")
     words_of = dict(zip(paths, words, strict=True)) if words else {}

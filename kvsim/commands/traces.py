@@ -34,11 +34,15 @@ def trace_arguments(args: list[Path]) -> list[Path]:
 def each_trace(args: list[Path], work: Callable[[Path], None], label: str = "error:") -> int:
     """Call ``work`` on every trace that ``args`` name (traces or folders of traces; other
     files skipped by :func:`trace_arguments`). A bad argument or trace is reported as one line
-    on stderr (``<file>: <field>: <message>``) and the others go on; returns how many failed."""
-    from kvsim.trace.reader import collect_traces
+    on stderr (``<file>: <field>: <message>``) and the others go on; returns how many failed.
+    A trace named twice fails the command before any work (one line, exit 2)."""
+    from kvsim.trace.reader import DuplicateTraceError, collect_traces
     from kvsim.trace.schema import TraceError
 
-    paths, errors = collect_traces(trace_arguments(args))
+    try:
+        paths, errors = collect_traces(trace_arguments(args))
+    except DuplicateTraceError as exc:
+        fail(exc)
     for exc in errors:
         print_error(str(exc), label)
     failed = len(errors)
@@ -118,25 +122,62 @@ def validate(traces: Annotated[list[Path], typer.Argument(help="Trace directorie
 
 
 def synth(
-    out: Annotated[Path, typer.Argument(help="Output trace path (NAME.kvtrace)")],
+    out: Annotated[Path, typer.Argument(help="Output trace path (NAME.kvtrace; the suffix is added when missing). An existing one is refused unless --overwrite")],
     preset: Annotated[str, typer.Option(help="Backbone shape: voxtral-mini, qwen-omni, minivox, small, tiny")] = "minivox",
-    audio_seconds: Annotated[float, typer.Option(help="Audio length in seconds")] = 60.0,
-    decode_steps: Annotated[int, typer.Option(help="Number of decode steps")] = 120,
-    seed: Annotated[int, typer.Option(help="Random seed")] = 0,
+    audio_seconds: Annotated[float, typer.Option(help="Audio length in seconds, in (0, 14400]")] = 60.0,
+    decode_steps: Annotated[int, typer.Option(help="Number of decode steps, in [1, 65536]")] = 120,
+    seed: Annotated[int, typer.Option(help="Random seed (>= 0)")] = 0,
     values: Annotated[bool, typer.Option(help="Store values (for output-error metrics)")] = True,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a trace directory already at OUT (without it, an existing OUT is refused)")] = False,
 ) -> None:
     """Synthesise a trace with real q/k whose attention has WnW §2.1's structure.
 
-    It is written one layer at a time, so memory holds one layer, not the whole trace."""
-    from kvsim.synth import SynthConfig, write_synthetic
+    It is written one layer at a time, so memory holds one layer, not the whole trace, and atomically: OUT appears complete or not at all. The options and OUT are checked before any work."""
+    from kvsim.commands._options import OptionError, check_range
+    from kvsim.synth import MAX_AUDIO_SECONDS, MAX_DECODE_STEPS, SynthConfig, write_synthetic
 
+    try:
+        check_range("--audio-seconds", audio_seconds, 0, MAX_AUDIO_SECONDS, low_open=True)
+        check_range("--decode-steps", decode_steps, 1, MAX_DECODE_STEPS)
+        check_range("--seed", seed, 0)
+    except OptionError as exc:
+        fail(exc)
+    target = _synth_target(out, overwrite)
     try:
         cfg = SynthConfig(preset=preset, audio_seconds=audio_seconds,
                           decode_steps=decode_steps, seed=seed, store_values=values)
-        path = write_synthetic(out, cfg)
+        path = write_synthetic(target, cfg, overwrite=overwrite)
     except (KeyError, ValueError) as exc:
         fail(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    except FileExistsError:  # appeared while the trace was drawn: kept as it is
+        fail(f"{target}: appeared while the trace was written; kept, nothing written")
+    except OSError as exc:  # disk full, permissions: the partial write is already removed
+        fail(f"{target}: {exc.strerror or exc}; nothing written", code=1)
     Console().print(f"wrote {path}", markup=False)
+
+
+def _synth_target(out: Path, overwrite: bool) -> Path:
+    """The ``*.kvtrace`` path ``kvsim synth OUT`` writes, checked before any work: one line
+    and exit 2 when something is already there (a directory is replaced only with
+    ``--overwrite``, anything else never), or when the nearest existing folder above it is
+    not a writable directory."""
+    import os
+
+    from kvsim.trace.writer import trace_path
+
+    target = trace_path(out)
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        fail(f"{target}: exists and is not a directory; not replaced")
+    if target.exists() and not overwrite:
+        fail(f"{target}: already exists; not replaced (--overwrite replaces it)")
+    probe = target.parent
+    while not probe.exists() and not probe.is_symlink():
+        probe = probe.parent
+    if not probe.is_dir():
+        fail(f"{target}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        fail(f"{target}: {probe} is not writable")
+    return target
 
 
 COMMANDS = (info, validate, synth)

@@ -58,17 +58,21 @@ def atomic_file(path: Path) -> Iterator[Path]:
 @contextlib.contextmanager
 def atomic_directory(path: Path, overwrite: bool = True) -> Iterator[Path]:
     """Yield a fresh temporary directory beside ``path``; on success, fsync it and move it to
-    ``path`` (replacing an existing one when ``overwrite``). On error or a kill, only a
-    ``*.tmp-*`` directory is left behind, which no reader accepts as a trace."""
+    ``path`` (replacing an existing one when ``overwrite``; otherwise :class:`FileExistsError`
+    when ``path`` exists on entry or has appeared by the time the write completes, and
+    ``path`` is left as it is). On error or a kill, only a ``*.tmp-*`` directory is left
+    behind, which no reader accepts as a trace."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and not overwrite:
+    if not overwrite and (path.exists() or path.is_symlink()):
         raise FileExistsError(path)
     tmp = path.with_name(f"{path.name}{TMP_MARK}{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
         yield tmp
         fsync_dir(tmp)
+        if not overwrite and (path.exists() or path.is_symlink()):
+            raise FileExistsError(path)
         if path.exists():
             old = path.with_name(f"{path.name}{OLD_MARK}{uuid.uuid4().hex[:8]}")
             os.replace(path, old)

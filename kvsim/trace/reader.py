@@ -261,23 +261,29 @@ class Trace:
                 f"Hkv={m.n_kv_heads} D={m.head_dim}, audio={self.n_audio}, decode={self.meta.n_decode})")
 
 
+class DuplicateTraceError(ValueError):
+    """One trace named twice among the arguments; ``str()`` is the one-line message."""
+
+
 def find_traces(paths: Iterable[str | Path]) -> list[Path]:
     """Expand arguments into trace directories: a ``*.kvtrace`` directory is itself; any other
     directory is searched recursively for ``*.kvtrace`` directories (interrupted writes
-    skipped). Raises FileNotFoundError for a path that does not exist."""
-    out: list[Path] = []
+    skipped). Raises FileNotFoundError for a path that does not exist and
+    :class:`DuplicateTraceError` for a trace named twice (see :func:`unique_traces`)."""
+    found: list[tuple[Path, Path]] = []
     for arg in paths:
         p = Path(arg)
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such file or directory")
-        out.extend(_expand(p))
-    return out
+        found.extend((t, p) for t in _expand(p))
+    return unique_traces(found)
 
 
 def collect_traces(paths: Iterable[str | Path]) -> tuple[list[Path], list[TraceError]]:
     """:func:`find_traces` that goes on past a bad argument: the traces found, and one error
-    per argument that is missing or is a folder holding no trace."""
-    found: list[Path] = []
+    per argument that is missing or is a folder holding no trace. A trace named twice is not
+    a bad argument but a wrong call: :class:`DuplicateTraceError`, as in :func:`find_traces`."""
+    found: list[tuple[Path, Path]] = []
     errors: list[TraceError] = []
     for arg in paths:
         p = Path(arg)
@@ -287,8 +293,32 @@ def collect_traces(paths: Iterable[str | Path]) -> tuple[list[Path], list[TraceE
         traces = _expand(p)
         if not traces:
             errors.append(TraceError(str(p), "<directory>", f"contains no *{TRACE_SUFFIX}"))
-        found.extend(traces)
-    return found, errors
+        found.extend((t, p) for t in traces)
+    return unique_traces(found), errors
+
+
+def unique_traces(found: Iterable[tuple[Path, Path]]) -> list[Path]:
+    """The traces of ``found`` ((trace, the argument that named it) pairs), in order.
+
+    Raises :class:`DuplicateTraceError` naming both when two are the same directory once
+    resolved (the same path twice, ``./t`` and ``t``, a link to it, or a folder holding it
+    beside ``t`` itself): every figure is a mean over traces, and one counted twice skews it.
+    """
+    seen: dict[Path, tuple[Path, Path]] = {}
+    out: list[Path] = []
+    for trace, arg in found:
+        key = trace.resolve()
+        if key in seen:
+            raise DuplicateTraceError(f"{_named(trace, arg)}: given twice (also as "
+                                      f"{_named(*seen[key])}); give each trace once")
+        seen[key] = (trace, arg)
+        out.append(trace)
+    return out
+
+
+def _named(trace: Path, arg: Path) -> str:
+    """``trace``, with the folder argument it was found in when it was not named itself."""
+    return str(trace) if trace == arg else f"{trace} (in {arg})"
 
 
 def _expand(p: Path) -> list[Path]:

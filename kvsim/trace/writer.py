@@ -123,6 +123,13 @@ def default_provenance() -> dict[str, Any]:
     }
 
 
+def trace_path(path: str | Path) -> Path:
+    """The ``*.kvtrace`` directory a trace written to ``path`` lands in (the suffix added
+    when missing)."""
+    path = Path(path)
+    return path if path.suffix == TRACE_SUFFIX else path.with_name(path.name + TRACE_SUFFIX)
+
+
 class TraceWriter:
     """Write a trace layer by layer, atomically, holding no more than the layer handed over.
 
@@ -145,13 +152,15 @@ class TraceWriter:
         Absolute positions of the stored queries, ascending.
     has_values : bool
         Whether values are written too.
+    overwrite : bool
+        Replace a directory already at the path (default); when False, raise
+        :class:`FileExistsError` if one is there on entry or when the write completes.
     """
 
     def __init__(self, path: str | Path, model: ModelFacts, n_positions: int,
-                 query_positions: np.ndarray, has_values: bool) -> None:
-        path = Path(path)
-        self.path = path if path.suffix == TRACE_SUFFIX else path.with_name(path.name + TRACE_SUFFIX)
-        self.model, self.has_values = model, has_values
+                 query_positions: np.ndarray, has_values: bool, *, overwrite: bool = True) -> None:
+        self.path = trace_path(path)
+        self.model, self.has_values, self._overwrite = model, has_values, overwrite
         self._query_positions = np.ascontiguousarray(query_positions, dtype=np.int64)
         self._n_positions = n_positions
         self._stack = contextlib.ExitStack()
@@ -166,7 +175,7 @@ class TraceWriter:
         if self.has_values:
             tensors["values"] = (dtype, kv_shape)
         with contextlib.ExitStack() as stack:
-            self._tmp = stack.enter_context(atomic_directory(self.path))
+            self._tmp = stack.enter_context(atomic_directory(self.path, self._overwrite))
             self._tensors = stack.enter_context(SafetensorsStream(
                 self._tmp / TENSORS_FILE, tensors, metadata={"format": "kvsim.trace"}))
             self._tensors.write("query_positions", self._query_positions)
@@ -217,12 +226,14 @@ def write_trace(path: str | Path, data: TraceData, overwrite: bool = True) -> Pa
     """Write ``data`` to ``path`` (a ``*.kvtrace`` directory) atomically and return the path.
 
     The directory appears complete or not at all (see :class:`TraceWriter`, which writes it a
-    layer at a time: memory beyond ``data`` is one layer in the storage dtype).
+    layer at a time: memory beyond ``data`` is one layer in the storage dtype). A directory
+    already at ``path`` is replaced, unless ``overwrite`` is False: then it is kept and
+    :class:`FileExistsError` raised.
     """
     _check(data)
     m = data.meta.model
     with TraceWriter(path, m, data.meta.n_positions, data.query_positions,
-                     data.values is not None) as writer:
+                     data.values is not None, overwrite=overwrite) as writer:
         for layer in range(m.n_layers):
             writer.write_layer(layer, data.keys[layer], data.queries[layer],
                                None if data.values is None else data.values[layer])

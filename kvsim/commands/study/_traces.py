@@ -12,10 +12,13 @@ def open_traces(args: list[Path] | None, default: list[Path]) -> list:
     trace silently left out would be a different study."""
     from kvsim.commands._errors import fail, print_error
     from kvsim.commands.traces import trace_arguments
-    from kvsim.trace.reader import Trace, collect_traces
+    from kvsim.trace.reader import DuplicateTraceError, Trace, collect_traces
     from kvsim.trace.schema import TraceError
 
-    paths, errors = collect_traces(trace_arguments(args) if args else default)
+    try:
+        paths, errors = collect_traces(trace_arguments(args) if args else default)
+    except DuplicateTraceError as exc:  # one trace twice would weigh twice in every figure
+        fail(exc)
     if not paths and not errors:
         fail("no *.kvtrace found")
     traces = []
