@@ -89,8 +89,9 @@ class PolicyContext:
         hs = self.head_scores
         want = (self.heads.n_layers, self.heads.n_kv_heads)
         if hs.voice_score.shape != want:
-            raise ValueError(
-                f"calibration scores have shape {hs.voice_score.shape}, model has (L, H_kv)={want}"
+            raise PolicyNotApplicable(
+                f"policy {policy!r}: the calibration scores have shape {hs.voice_score.shape}, this "
+                f"model has (L, H_kv)={want}; pass the heads.json calibrated on this model"
             )
         return hs
 

@@ -78,3 +78,19 @@ def test_a_live_only_sweep_of_another_model_asks_for_its_scores():
     with pytest.raises(ValueError, match="--calibration") as info:
         sweep_options(_sweep_args(None, "qwen-omni", no_replay=True))
     assert "\n" not in str(info.value)
+
+
+def test_a_calibration_of_another_model_refuses_only_the_policies_that_read_it():
+    """minivox's scores (30 × 3) given for a qwen-omni trace: the policies that need head
+    scores are refused for that trace, naming both shapes; SnapKV still runs."""
+    from kvsim.replay.engine import PolicySpec, ReplayConfig, Replayer
+    from kvsim.specs import default_trace_dir
+    from kvsim.trace.reader import Trace
+
+    trace = Trace(default_trace_dir() / "synth-qwen-omni-5s.kvtrace")
+    rep = Replayer(trace, ReplayConfig(head_scores=read_heads(SHIPPED_HEADS)))
+    runs = rep.run([PolicySpec("snapkv", 0.4), PolicySpec("wnw", 0.4), PolicySpec("audiokv", 0.4)])
+    assert [r.spec.name for r in runs] == ["snapkv"]
+    assert [s.name for s, _ in rep.failures] == ["wnw", "audiokv"]
+    for _, why in rep.failures:
+        assert "(30, 3)" in str(why) and "(36, 2)" in str(why) and "\n" not in str(why)
