@@ -69,6 +69,7 @@ def live(
     from kvsim.rundir import RunDir, check_out_dir
     from kvsim.specs import parse_budgets
     from kvsim.trace.heads import read_heads
+    from kvsim.trace.schema import TraceError
 
     torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "1")))
     try:
@@ -86,7 +87,7 @@ def live(
         check_out_dir(out)
         decode = _decoder(model, device, dtype, ray)
         run = RunDir.open(out, "live", [i.id for i in items], config, resume=resume)
-    except (ValueError, KeyError, FileNotFoundError) as exc:
+    except (ValueError, KeyError, FileNotFoundError, TraceError) as exc:
         fail(exc)
     with run:
         _decode_all(run, items, plan, decode,
