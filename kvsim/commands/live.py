@@ -35,7 +35,7 @@ def live(
     model: Annotated[str, typer.Option("--model", "-m", help="tiny | tiny:<seed> | minivox | voxtral-mini | qwen-omni | checkpoint dir")] = "minivox",
     policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policies, comma-separated; name:key=value for hyperparameters; TRANSFORM/name for a transform+policy method (voxzip1/voxzip, affpool/full)")] = ["full"],  # noqa: B006
     budget: Annotated[str, typer.Option("--budget", "-b", help="Target r_GPU values, comma-separated")] = "1.0",
-    reference: Annotated[list[str] | None, typer.Option("--reference", "-r", help="Reference text (or .txt file) per input, in order")] = None,
+    reference: Annotated[list[str] | None, typer.Option("--reference", "-r", help="Reference per audio file, in order: the text, or a file when the value ends in .txt or is one word with a '/' (it must exist)")] = None,
     dataset: Annotated[str | None, typer.Option(help="Dataset layout: dir | librispeech-long | primock57 | longspeech | manifest")] = None,
     split: Annotated[str | None, typer.Option(help="Manifest split (manifest datasets); LibriSpeech-Long test-clean etc.; LongSpeech TASK[:LANGUAGE], e.g. ASR:fr")] = None,
     limit: Annotated[int | None, typer.Option(help="Use only the first N inputs")] = None,
@@ -126,6 +126,9 @@ def _select_inputs(inputs: list[Path] | None, reference: list[str] | None, datas
     if ids and limit:
         raise DataError("--ids and --limit both select inputs: give one of them")
     if dataset:
+        if reference:
+            raise DataError("--reference applies to audio files given as arguments; "
+                            f"--dataset {dataset} reads its own references")
         if not inputs or len(inputs) != 1:
             raise DataError("--dataset takes exactly one root folder (or manifest) argument")
         items = load_dataset(dataset, inputs[0], split=split, limit=limit)
