@@ -220,3 +220,23 @@ def test_live_cli_reference_with_a_dataset_is_refused(tmp_path, no_model_load):
     assert res.exit_code == 2, res.output
     assert "--reference" in res.output and "--dataset" in res.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("device", "dtype", "needle"), [
+    ("cuda", "float32", "--device cuda: CUDA is not available"),
+    ("cuda:0", "float32", "--device cuda:0: CUDA is not available"),
+    ("tpu", "float32", "--device: unknown device 'tpu'"),
+    ("cpu", "float13", "float13"),
+])
+def test_live_cli_unusable_device_or_dtype_is_one_line_before_the_model(
+        tmp_path, monkeypatch, no_model_load, device, dtype, needle):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    sf.write(str(tmp_path / "a.wav"), np.zeros(16000, np.float32) + 0.01, 16000)
+    res = CliRunner().invoke(app, ["live", str(tmp_path / "a.wav"), "--model", "tiny", "--device", device,
+                                   "--dtype", dtype, "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith("error: ") and needle in line, res.output
+    assert not (tmp_path / "out").exists()

@@ -48,7 +48,7 @@ def live(
     max_new_tokens: Annotated[int, typer.Option(help="Stop after this many tokens")] = 400,
     physical: Annotated[bool, typer.Option("--physical", help="Physical offload instead of masking emulation")] = False,
     calibration: Annotated[Path | None, typer.Option(help="heads.json calibration file (WnW, AudioKV); default with --model minivox: the shipped adapter's own")] = None,
-    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ... (checked before the model loads)")] = "cpu",
     dtype: Annotated[str, typer.Option(help="Weights dtype")] = "float32",
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory")] = Path("runs/live"),
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write the WER-vs-r_GPU chart")] = True,
@@ -100,14 +100,18 @@ def live(
 
 def _decoder(model: str, device: str, dtype: str, ray: str | None) -> Callable[..., Any]:
     """``(job, run, log) -> runs frame``: the model loaded here and :func:`run_live`, or with
-    ``--ray`` the model checked here (loaded by the workers) and the Ray tasks."""
+    ``--ray`` the model checked here (loaded by the workers) and the Ray tasks. ValueError
+    (one line) on a device or dtype this machine cannot use, before the model loads (the
+    check of ``kvsim trace``; with ``--ray`` the workers' devices are theirs to check)."""
     from functools import partial
 
     from kvsim.live.run import run_live
 
     if ray is None:
         from kvsim.live.models import load_backbone
+        from kvsim.tracer.backbones.base import check_device_dtype
 
+        check_device_dtype(device, dtype)
         return partial(run_live, load_backbone(model, device=device, dtype=dtype))
     from kvsim.cluster import connect
     from kvsim.live.remote import ModelSpec, check_model, run_live_on_ray
