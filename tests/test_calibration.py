@@ -292,3 +292,23 @@ def test_trace_stores_held_out_calibration_file(tmp_path_factory):
     write_heads(d / "bad.json", HeadScores(np.ones((L + 1, H)), np.ones((L + 1, H))), "tiny")
     res = CliRunner().invoke(app, [*base, "--overwrite", "--heads", str(d / "bad.json")])
     assert res.exit_code == 2 and "shape" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("case", ["a folder", "under a file"])
+def test_calibrate_unwritable_out_is_refused_before_the_model(tmp_path, monkeypatch, case):
+    import kvsim.tracer.calibrate
+
+    def refuse(*a, **k):
+        raise AssertionError("calibration ran")
+
+    monkeypatch.setattr(kvsim.tracer.calibrate, "calibrate_inputs", refuse)
+    wav = write_tone(tmp_path / "a.wav", 1.0)
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path / "outdir" if case == "a folder" else tmp_path / "afile" / "h.json"
+    if case == "a folder":
+        out.mkdir()
+    res = CliRunner().invoke(app, ["calibrate", str(wav), "--model", "minivox", "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith(f"error: --out {out}: "), res.output
+    assert (tmp_path / "afile").read_text() == "x" and not list(tmp_path.rglob("*.json"))
