@@ -312,3 +312,26 @@ def test_calibrate_unwritable_out_is_refused_before_the_model(tmp_path, monkeypa
     (line,) = res.output.strip().splitlines()
     assert line.startswith(f"error: --out {out}: "), res.output
     assert (tmp_path / "afile").read_text() == "x" and not list(tmp_path.rglob("*.json"))
+
+
+def test_store_head_scores_says_how_many_traces_got_them(tmp_path, monkeypatch):
+    """With no trace written (every input failed: silent audio), nothing claims scores were stored."""
+    from kvsim.policies.base import HeadScores
+    from kvsim.tracer import calibrate
+    from kvsim.tracer.batch import InputResult
+    from kvsim.tracer.calibrate import store_head_scores
+
+    monkeypatch.setattr(calibrate, "store_in_trace", lambda trace, scores: None)
+    said: list[str] = []
+
+    class Console:
+        def print(self, text, **_):
+            said.append(str(text))
+
+    scores = HeadScores(np.ones((2, 1)), np.ones((2, 1)), source="held-out")
+    store_head_scores([InputResult(tmp_path / "silent.wav", "failed", "silent audio")], scores, Console())
+    assert not any("stored head scores" in s for s in said), said
+    store_head_scores([InputResult(tmp_path / "a.wav", "failed", "silent audio"),
+                       InputResult(tmp_path / "b.wav", "skipped", trace=tmp_path / "b.kvtrace")],
+                      scores, Console())
+    assert said == ["stored head scores (held-out) in 1 trace"]
