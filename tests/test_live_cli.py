@@ -240,3 +240,13 @@ def test_live_cli_unusable_device_or_dtype_is_one_line_before_the_model(
     (line,) = res.output.strip().splitlines()
     assert line.startswith("error: ") and needle in line, res.output
     assert not (tmp_path / "out").exists()
+
+
+def test_live_cli_unknown_language_is_one_line_before_the_model(tmp_path, no_model_load):
+    sf.write(str(tmp_path / "a.wav"), np.zeros(16000, np.float32) + 0.01, 16000)
+    res = CliRunner().invoke(app, ["live", str(tmp_path / "a.wav"), "--model", "tiny", "--language", "zz",
+                                   "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith("error: --language zz: ") and "en, fr" in line, res.output
+    assert not (tmp_path / "out").exists()

@@ -70,11 +70,13 @@ def live(
     from kvsim.specs import parse_budgets
     from kvsim.trace.heads import read_heads
     from kvsim.trace.schema import TraceError
+    from kvsim.tracer.backbones.base import check_language
 
     torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "1")))
     try:
         check_positive_ints(limit=limit, max_new_tokens=max_new_tokens)
         check_range("--max-seconds", max_seconds, 0, low_open=True)
+        check_language(language)
         plan = make_plan(policy, parse_budgets(budget), transform)
         items = _select_inputs(inputs, reference, dataset, split, limit, ids, task)
         if calibration is None and (calibration := calibration_for(model, None)):
