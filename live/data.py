@@ -315,9 +315,73 @@ def select_ids(items: list[LiveInput], ids: list[str]) -> list[LiveInput]:
     return [by_id[i] for i in ids]
 
 
+def looks_like_path(value: str) -> bool:
+    """The ``--reference`` rule: a value is a file name when it ends in ``.txt`` (any case)
+    or is one word holding a ``/``; anything else is the reference text itself."""
+    return value.lower().endswith(".txt") or ("/" in value and len(value.split()) == 1)
+
+
+def reference_text(value: str) -> str:
+    """The reference a ``--reference`` value gives (:func:`looks_like_path`: the content of
+    that file, else the value itself).
+
+    Raises
+    ------
+    DataError
+        ``--reference VALUE: no such file or directory`` (the wording of ``kvsim trace``), or
+        the file is not a readable regular UTF-8 file, or it holds no text.
+    """
+    if not looks_like_path(value):
+        return value
+    if not Path(value).exists():
+        raise DataError(f"--reference {value}: no such file or directory")
+    return read_reference(Path(value), f"--reference {value}")
+
+
+def read_reference(path: Path, label: str | None = None) -> str:
+    """The stripped text of the reference file ``path`` (a regular file, read bounded and
+    without blocking by :func:`kvsim.trace.members.read_member`); DataError
+    ``LABEL: reason`` (``LABEL`` defaults to the path) when unreadable or empty."""
+    from kvsim.trace.members import MAX_JSON_BYTES, read_member
+    from kvsim.trace.schema import TraceError
+
+    label = label or str(path)
+    try:
+        text = read_member(path, MAX_JSON_BYTES).decode("utf-8").strip()
+    except TraceError as exc:
+        raise DataError(f"{label}: {exc.message}") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{label}: not UTF-8 text") from None
+    if not text:
+        raise DataError(f"{label}: empty reference")
+    return text
+
+
+def _check_reference_count(paths: list[Path], references: list[str]) -> None:
+    """One ``--reference`` per audio file argument, in order; none with a folder (its
+    references are its same-stem .txt files)."""
+    if len(references) != len(paths):
+        raise DataError(f"--reference: {len(references)} value{'s' * (len(references) != 1)} "
+                        f"for {len(paths)} input{'s' * (len(paths) != 1)} (one per audio file, "
+                        "in order)")
+    folder = next((p for p in paths if p.is_dir()), None)
+    if folder is not None:
+        raise DataError(f"--reference: {folder} is a folder; its references are its same-stem "
+                        ".txt files (give --reference only with audio files)")
+
+
 def from_paths(paths: list[Path], references: list[str] | None = None) -> list[LiveInput]:
-    """Plain audio files on the command line; references from ``--reference`` (a text or a
-    .txt file per input) or same-stem .txt files."""
+    """Plain audio files on the command line; references from ``--reference`` (one per file,
+    in order: a text, or a file by :func:`looks_like_path`) or same-stem .txt files.
+
+    Raises
+    ------
+    DataError
+        A missing input, a bad ``--reference`` value (:func:`reference_text`) or a count of
+        them that is not one per audio file.
+    """
+    if references:
+        _check_reference_count(paths, references)
     out = []
     for i, p in enumerate(paths):
         if p.is_dir():
@@ -326,9 +390,8 @@ def from_paths(paths: list[Path], references: list[str] | None = None) -> list[L
         if not p.exists():
             raise DataError(f"{p}: does not exist")
         ref = None
-        if references and i < len(references):
-            r = references[i]
-            ref = Path(r).read_text().strip() if r.endswith(".txt") and Path(r).exists() else r
+        if references:
+            ref = reference_text(references[i])
         elif p.with_suffix(".txt").exists():
             ref = p.with_suffix(".txt").read_text().strip()
         out.append(LiveInput(p.stem, p, ref))

@@ -15,7 +15,7 @@ from kvsim.live.data import LiveInput
 from kvsim.live.decode import LiveConfig, LiveRun, live_generate, prefill_once
 from kvsim.live.metrics import WerConfig, bleu, truncated_wer
 from kvsim.live.models import LiveModel
-from kvsim.policies.base import MissingCalibrationError
+from kvsim.policies.base import PolicyNotApplicable
 from kvsim.policies.spec import PolicySpec
 from kvsim.trace.atomic import atomic_file, atomic_write_text
 
@@ -175,7 +175,7 @@ def decode_input(lm: LiveModel, job: LiveJob, item: LiveInput, skip: set,
             t1 = time.perf_counter()
             try:
                 run = live_generate(lm, prompt, spec, job.cfg, prefilled=shared)
-            except MissingCalibrationError as exc:
+            except PolicyNotApplicable as exc:
                 # a policy that cannot run is reported once; the others go on (as replay)
                 skip.add(key)
                 log(f"skipping {spec.label}@{spec.budget:g}: {exc}")

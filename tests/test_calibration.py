@@ -292,3 +292,46 @@ def test_trace_stores_held_out_calibration_file(tmp_path_factory):
     write_heads(d / "bad.json", HeadScores(np.ones((L + 1, H)), np.ones((L + 1, H))), "tiny")
     res = CliRunner().invoke(app, [*base, "--overwrite", "--heads", str(d / "bad.json")])
     assert res.exit_code == 2 and "shape" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("case", ["a folder", "under a file"])
+def test_calibrate_unwritable_out_is_refused_before_the_model(tmp_path, monkeypatch, case):
+    import kvsim.tracer.calibrate
+
+    def refuse(*a, **k):
+        raise AssertionError("calibration ran")
+
+    monkeypatch.setattr(kvsim.tracer.calibrate, "calibrate_inputs", refuse)
+    wav = write_tone(tmp_path / "a.wav", 1.0)
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path / "outdir" if case == "a folder" else tmp_path / "afile" / "h.json"
+    if case == "a folder":
+        out.mkdir()
+    res = CliRunner().invoke(app, ["calibrate", str(wav), "--model", "minivox", "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith(f"error: --out {out}: "), res.output
+    assert (tmp_path / "afile").read_text() == "x" and not list(tmp_path.rglob("*.json"))
+
+
+def test_store_head_scores_says_how_many_traces_got_them(tmp_path, monkeypatch):
+    """With no trace written (every input failed: silent audio), nothing claims scores were stored."""
+    from kvsim.policies.base import HeadScores
+    from kvsim.tracer import calibrate
+    from kvsim.tracer.batch import InputResult
+    from kvsim.tracer.calibrate import store_head_scores
+
+    monkeypatch.setattr(calibrate, "store_in_trace", lambda trace, scores: None)
+    said: list[str] = []
+
+    class Console:
+        def print(self, text, **_):
+            said.append(str(text))
+
+    scores = HeadScores(np.ones((2, 1)), np.ones((2, 1)), source="held-out")
+    store_head_scores([InputResult(tmp_path / "silent.wav", "failed", "silent audio")], scores, Console())
+    assert not any("stored head scores" in s for s in said), said
+    store_head_scores([InputResult(tmp_path / "a.wav", "failed", "silent audio"),
+                       InputResult(tmp_path / "b.wav", "skipped", trace=tmp_path / "b.kvtrace")],
+                      scores, Console())
+    assert said == ["stored head scores (held-out) in 1 trace"]

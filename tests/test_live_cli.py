@@ -183,3 +183,70 @@ def test_live_minivox_reads_its_shipped_calibration_by_default(tmp_path):
     assert pl.read_parquet(out / "runs.parquet")["policy"].to_list() == ["wnw"]
     config = json.loads(next(out.glob("*.json")).read_text())
     assert json.dumps(str(SHIPPED_HEADS)) in json.dumps(config)
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Loading a model fails the test: the error must come before it."""
+    import kvsim.live.models
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(kvsim.live.models, "load_backbone", refuse)
+
+
+@pytest.mark.parametrize(("refs", "needle"), [
+    (["refs/typo.txt"], "--reference refs/typo.txt: no such file or directory"),
+    (["one", "two"], "--reference: 2 values for 1 input"),
+])
+def test_live_cli_bad_reference_is_one_line_before_the_model(tmp_path, monkeypatch, no_model_load,
+                                                              refs, needle):
+    monkeypatch.chdir(tmp_path)
+    sf.write("a.wav", np.zeros(16000, np.float32) + 0.01, 16000)
+    args = ["live", "a.wav", "--model", "tiny", "-o", "out"]
+    res = CliRunner().invoke(app, args + [a for r in refs for a in ("-r", r)])
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith(f"error: {needle}"), res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_live_cli_reference_with_a_dataset_is_refused(tmp_path, no_model_load):
+    (tmp_path / "d").mkdir()
+    sf.write(str(tmp_path / "d" / "a.wav"), np.zeros(16000, np.float32) + 0.01, 16000)
+    res = CliRunner().invoke(app, ["live", str(tmp_path / "d"), "--dataset", "dir", "-r", "x",
+                                   "--model", "tiny", "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    assert "--reference" in res.output and "--dataset" in res.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("device", "dtype", "needle"), [
+    ("cuda", "float32", "--device cuda: CUDA is not available"),
+    ("cuda:0", "float32", "--device cuda:0: CUDA is not available"),
+    ("tpu", "float32", "--device: unknown device 'tpu'"),
+    ("cpu", "float13", "float13"),
+])
+def test_live_cli_unusable_device_or_dtype_is_one_line_before_the_model(
+        tmp_path, monkeypatch, no_model_load, device, dtype, needle):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    sf.write(str(tmp_path / "a.wav"), np.zeros(16000, np.float32) + 0.01, 16000)
+    res = CliRunner().invoke(app, ["live", str(tmp_path / "a.wav"), "--model", "tiny", "--device", device,
+                                   "--dtype", dtype, "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith("error: ") and needle in line, res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_live_cli_unknown_language_is_one_line_before_the_model(tmp_path, no_model_load):
+    sf.write(str(tmp_path / "a.wav"), np.zeros(16000, np.float32) + 0.01, 16000)
+    res = CliRunner().invoke(app, ["live", str(tmp_path / "a.wav"), "--model", "tiny", "--language", "zz",
+                                   "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith("error: --language zz: ") and "en, fr" in line, res.output
+    assert not (tmp_path / "out").exists()

@@ -224,3 +224,49 @@ def test_longspeech_errors_name_file_line_and_field(tmp_path):
     meta.write_text(lines[0] + "\n{not json\n")
     with pytest.raises(DataError, match="test.jsonl:2: not JSON"):
         load_dataset("longspeech", tmp_path, split="ASR")
+
+
+# ----------------------------------------------------------------------------- --reference
+def test_reference_values_text_or_file(tmp_path, monkeypatch):
+    from kvsim.live.data import from_paths
+
+    monkeypatch.chdir(tmp_path)
+    a, b, c = (_wav(tmp_path / f"{n}.wav") for n in "abc")
+    (tmp_path / "refs").mkdir()
+    (tmp_path / "refs" / "b.txt").write_text(" words of b \n")
+    (tmp_path / "refs" / "c").write_text("words of c")
+    items = from_paths([a, b, c], ["and/or the text itself", "refs/b.txt", "refs/c"])
+    assert [i.reference for i in items] == ["and/or the text itself", "words of b", "words of c"]
+
+
+@pytest.mark.parametrize("value", ["refs/typo.txt", "typo.TXT", "refs/typo"])
+def test_reference_that_looks_like_a_missing_file_is_an_error(tmp_path, monkeypatch, value):
+    from kvsim.live.data import from_paths
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=f"^--reference {value}: no such file or directory$"):
+        from_paths([_wav(tmp_path / "a.wav")], [value])
+
+
+def test_reference_file_that_is_a_folder_or_empty_is_named(tmp_path):
+    from kvsim.live.data import from_paths
+
+    a = _wav(tmp_path / "a.wav")
+    (tmp_path / "d.txt").mkdir()
+    (tmp_path / "e.txt").write_text("  \n")
+    with pytest.raises(DataError, match=f"--reference {tmp_path / 'd.txt'}: is a directory"):
+        from_paths([a], [str(tmp_path / "d.txt")])
+    with pytest.raises(DataError, match=f"--reference {tmp_path / 'e.txt'}: empty reference"):
+        from_paths([a], [str(tmp_path / "e.txt")])
+
+
+def test_reference_count_must_match_the_audio_files(tmp_path):
+    from kvsim.live.data import from_paths
+
+    a, b = _wav(tmp_path / "in" / "a.wav"), _wav(tmp_path / "in" / "b.wav")
+    with pytest.raises(DataError, match="--reference: 2 values for 1 input"):
+        from_paths([a], ["one", "two"])
+    with pytest.raises(DataError, match="--reference: 1 value for 2 inputs"):
+        from_paths([a, b], ["one"])
+    with pytest.raises(DataError, match=f"--reference: {tmp_path / 'in'} is a folder"):
+        from_paths([tmp_path / "in"], ["one"])

@@ -132,3 +132,27 @@ def test_decode_layer_benchmark_body_runs_on_cpu():
         y = layer(x)
     assert y.shape == (1, 1, m.hidden_size)
     assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--host-only", "--model", "bogus"], "unknown model preset 'bogus'"),
+    (["--host-only", "--base", "bogus"], "bogus"),
+    (["--host-only", "--device", "tpu"], "--device: unknown device 'tpu'"),
+    (["--model", "bogus"], "unknown model preset 'bogus'"),
+])
+def test_cli_bad_preset_or_device_is_one_line(args, needle):
+    r = CliRunner().invoke(app, ["calibrate-hw", *args])
+    assert r.exit_code == 2, r.output
+    (line,) = r.output.strip().splitlines()
+    assert line.startswith("error: ") and needle in line, r.output
+
+
+@pytest.mark.parametrize("case", ["a folder", "under a file"])
+def test_cli_unwritable_out_is_refused_before_fitting(tmp_path, case):
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path if case == "a folder" else tmp_path / "afile" / "gpu.toml"
+    r = CliRunner().invoke(app, ["calibrate-hw", "--from-json", str(_fixture(tmp_path)), "-o", str(out)])
+    assert r.exit_code == 2, r.output
+    (line,) = r.output.strip().splitlines()
+    assert line.startswith(f"error: --out {out}: "), r.output
+    assert (tmp_path / "afile").read_text() == "x"

@@ -132,3 +132,16 @@ def test_single_token_answer_has_no_decode_step(ckpt, tmp_path):
     assert tr.meta.n_decode == 0 and tr.meta.n_positions == tr.meta.n_prefill
     assert tr.query_positions[-1] == tr.meta.n_prefill - 1
     assert len(tr.meta.provenance["generation"]["token_ids"]) == 1
+
+
+@pytest.mark.parametrize("command", ["trace", "calibrate"])
+def test_unknown_language_is_one_line_before_the_model(tmp_path, command):
+    wav = write_tone(tmp_path / "a.wav", 1.0)
+    out = tmp_path / ("out" if command == "trace" else "out/h.json")
+    res = CliRunner().invoke(app, [command, str(wav), "--model", "minivox", "--language", "zz",
+                                   "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert line.startswith("error: --language zz: ") and "en, fr" in line, res.output
+    assert not (tmp_path / "out").exists()

@@ -63,12 +63,14 @@ def normalise(word: str) -> str:
 def load_word_times(path: str | Path) -> list[WordTiming]:
     """Read a word alignment: JSON (a list of ``{"word","start","end"}``, or an object with
     ``"words"`` being such a list, or parallel ``"words"/"starts"/"ends"`` lists) or TSV/CSV
-    (columns word, start, end; optional header)."""
+    (columns word, start, end; optional header). :class:`AlignmentError` (one line naming
+    the file) when it is missing, not a regular file (a folder, a FIFO), not UTF-8 or
+    malformed."""
     path = Path(path)
     name = str(path)
     if not path.exists():
         raise AlignmentError(f"{name}: not found")
-    text = path.read_text()
+    text = _read_text(path)
     if path.suffix.lower() == ".json":
         try:
             raw = json.loads(text)
@@ -89,6 +91,20 @@ def load_word_times(path: str | Path) -> list[WordTiming]:
                 continue
             raise AlignmentError(f"{name}: line {i + 1}: start/end are not numbers") from None
     return _checked(out, name)
+
+
+def _read_text(path: Path) -> str:
+    """The text of ``path``, read as :func:`kvsim.trace.members.read_member` reads a
+    heads.json: a regular file only, bounded, without blocking."""
+    from kvsim.trace.members import MAX_JSON_BYTES, read_member
+    from kvsim.trace.schema import TraceError
+
+    try:
+        return read_member(path, MAX_JSON_BYTES).decode("utf-8")
+    except TraceError as exc:
+        raise AlignmentError(f"{path}: {exc.message}") from None
+    except UnicodeDecodeError:
+        raise AlignmentError(f"{path}: not UTF-8 text") from None
 
 
 def _from_json(raw: Any, name: str) -> list[WordTiming]:

@@ -337,12 +337,13 @@ def calibrate_into_traces(results: list, batch_cfg: Any, cfg: CalibrationConfig,
 
 def store_head_scores(results: list, scores: HeadScores, console: Any) -> None:
     """``kvsim trace --heads FILE``: store held-out calibration scores in every trace written
-    (checked against each trace's shape)."""
-    for r in results:
-        if r.status == "failed" or r.trace is None:
-            continue
-        store_in_trace(r.trace, scores)
-    console.print(f"stored head scores ({scores.source}) in the traces")
+    (checked against each trace's shape); says in how many, nothing when no trace was written."""
+    stored = [r.trace for r in results if r.status != "failed" and r.trace is not None]
+    for trace in stored:
+        store_in_trace(trace, scores)
+    if stored:
+        console.print(f"stored head scores ({scores.source}) in {len(stored)} "
+                      f"trace{'s' * (len(stored) != 1)}", markup=False)
 
 
 def store_in_trace(trace: Path, scores: HeadScores) -> None:

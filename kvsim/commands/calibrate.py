@@ -29,15 +29,25 @@ def calibrate(
     max_tokens: Annotated[int | None, typer.Option(help="Answer tokens per sample whose loss gradient enters the sensitivity, one backward pass each (>= 1; default: every token of the whole answer, as WnW App. E).")] = None,
     token_sample: Annotated[str, typer.Option(help="Which tokens when --max-tokens is below the answer's length: even (spread over the whole answer) or first.")] = "even",
 ) -> None:
-    """Score every KV-head of MODEL on calibration audio and write heads.json."""
-    from kvsim.commands._options import OptionError, check_positive_ints, check_range
+    """Score every KV-head of MODEL on calibration audio and write heads.json.
+
+    The options, --out (a file that can be written) and the inputs are checked before the model loads.
+    """
+    from kvsim.commands._options import (
+        OptionError,
+        check_out_file,
+        check_positive_ints,
+        check_range,
+    )
     from kvsim.commands.trace import batch_config, check_audio_inputs
+    from kvsim.rundir import OutDirError
     from kvsim.tracer.calibrate import TOKEN_SAMPLES, CalibrationConfig
 
     try:
         check_positive_ints(max_new_tokens=max_new_tokens, top_k=top_k, max_tokens=max_tokens)
         check_range("--min-confidence", min_confidence, 0, 1)
-    except OptionError as exc:
+        check_out_file(out)
+    except (OptionError, OutDirError) as exc:
         fail(exc)
     if teacher not in ("greedy", "reference"):
         fail(f"--teacher {teacher}: must be greedy or reference")
@@ -65,7 +75,10 @@ def _calibrate_and_write(files: list[Path], cfg, ccfg, out: Path, model: str) ->
     except (BackboneError, ValueError) as exc:
         fail(str(exc).splitlines()[0])
     run.provenance["wall_s"] = time.perf_counter() - t0
-    write_heads(out, run.scores, model, run.provenance)
+    try:
+        write_heads(out, run.scores, model, run.provenance)  # atomic: the old file or the new
+    except OSError as exc:  # --out was checked before the model loaded; changed since
+        fail(f"--out {out}: cannot write ({exc.strerror or exc})", code=1)
     vs, hs = run.scores.voice_score, run.scores.sensitivity
     err.print(f"{out}: {vs.shape[0]} layers x {vs.shape[1]} KV-heads from {run.n_ok} inputs "
               f"({run.provenance['n_samples_voice']} with aligned tokens); "

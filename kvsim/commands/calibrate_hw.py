@@ -34,18 +34,13 @@ def calibrate_hw(
         measure_cuda,
         write_gpu_preset,
     )
-    from kvsim.sim.presets import PresetError, gpu_preset, model_preset
+    from kvsim.sim.presets import PresetError
 
+    bp, mp = _checked_presets(base, model, out, device, host_only)
     if host_only:
-        from kvsim.sim.hostprobe import probe_hf_eager
-
-        mp = model_preset(model)
-        for attn in ("sdpa", "eager"):
-            r = probe_hf_eager(mp.n_layers, mp.n_q_heads, mp.n_kv_heads, attn=attn, device=device)
-            print(json.dumps(r.to_json()))
+        _probe_host(mp, device)
         return
     try:
-        bp, mp = gpu_preset(base), model_preset(model)
         if from_json is not None:
             try:
                 meas = Measurements.from_json(json.loads(from_json.read_text()), str(from_json))
@@ -70,6 +65,36 @@ def calibrate_hw(
     for k, v in fitted.items():
         err.print(f"{k:24s} {getattr(bp, k):>10.3f} -> {v:>10.3f}")
     err.print(f"wrote {out} (preset {preset.name!r})")
+
+
+def _checked_presets(base: str, model: str, out: Path, device: str, host_only: bool):
+    """The GPU and model presets, after checking the options before any measurement: the
+    presets exist, ``--device`` is usable (``--host-only``), else ``--out`` can be written as
+    a file. One line and exit 2 otherwise."""
+    from kvsim.commands._options import check_out_file
+    from kvsim.rundir import OutDirError
+    from kvsim.sim.presets import PresetError, gpu_preset, model_preset
+    from kvsim.tracer.backbones.base import check_device_dtype
+
+    try:
+        presets = gpu_preset(base), model_preset(model)
+        if host_only:
+            check_device_dtype(device, "float32")
+        else:
+            check_out_file(out)
+    except (PresetError, OutDirError, ValueError) as exc:
+        fail(exc)
+    return presets
+
+
+def _probe_host(mp, device: str) -> None:
+    """``--host-only``: print the eager-decode host cost of ``mp``'s shapes, one JSON line
+    per attention implementation."""
+    from kvsim.sim.hostprobe import probe_hf_eager
+
+    for attn in ("sdpa", "eager"):
+        r = probe_hf_eager(mp.n_layers, mp.n_q_heads, mp.n_kv_heads, attn=attn, device=device)
+        print(json.dumps(r.to_json()))
 
 
 COMMANDS = (calibrate_hw,)

@@ -35,7 +35,7 @@ def live(
     model: Annotated[str, typer.Option("--model", "-m", help="tiny | tiny:<seed> | minivox | voxtral-mini | qwen-omni | checkpoint dir")] = "minivox",
     policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policies, comma-separated; name:key=value for hyperparameters; TRANSFORM/name for a transform+policy method (voxzip1/voxzip, affpool/full)")] = ["full"],  # noqa: B006
     budget: Annotated[str, typer.Option("--budget", "-b", help="Target r_GPU values, comma-separated")] = "1.0",
-    reference: Annotated[list[str] | None, typer.Option("--reference", "-r", help="Reference text (or .txt file) per input, in order")] = None,
+    reference: Annotated[list[str] | None, typer.Option("--reference", "-r", help="Reference per audio file, in order: the text, or a file when the value ends in .txt or is one word with a '/' (it must exist)")] = None,
     dataset: Annotated[str | None, typer.Option(help="Dataset layout: dir | librispeech-long | primock57 | longspeech | manifest")] = None,
     split: Annotated[str | None, typer.Option(help="Manifest split (manifest datasets); LibriSpeech-Long test-clean etc.; LongSpeech TASK[:LANGUAGE], e.g. ASR:fr")] = None,
     limit: Annotated[int | None, typer.Option(help="Use only the first N inputs")] = None,
@@ -48,7 +48,7 @@ def live(
     max_new_tokens: Annotated[int, typer.Option(help="Stop after this many tokens")] = 400,
     physical: Annotated[bool, typer.Option("--physical", help="Physical offload instead of masking emulation")] = False,
     calibration: Annotated[Path | None, typer.Option(help="heads.json calibration file (WnW, AudioKV); default with --model minivox: the shipped adapter's own")] = None,
-    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ... (checked before the model loads)")] = "cpu",
     dtype: Annotated[str, typer.Option(help="Weights dtype")] = "float32",
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory")] = Path("runs/live"),
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write the WER-vs-r_GPU chart")] = True,
@@ -69,11 +69,14 @@ def live(
     from kvsim.rundir import RunDir, check_out_dir
     from kvsim.specs import parse_budgets
     from kvsim.trace.heads import read_heads
+    from kvsim.trace.schema import TraceError
+    from kvsim.tracer.backbones.base import check_language
 
     torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "1")))
     try:
         check_positive_ints(limit=limit, max_new_tokens=max_new_tokens)
         check_range("--max-seconds", max_seconds, 0, low_open=True)
+        check_language(language)
         plan = make_plan(policy, parse_budgets(budget), transform)
         items = _select_inputs(inputs, reference, dataset, split, limit, ids, task)
         if calibration is None and (calibration := calibration_for(model, None)):
@@ -86,7 +89,7 @@ def live(
         check_out_dir(out)
         decode = _decoder(model, device, dtype, ray)
         run = RunDir.open(out, "live", [i.id for i in items], config, resume=resume)
-    except (ValueError, KeyError, FileNotFoundError) as exc:
+    except (ValueError, KeyError, FileNotFoundError, TraceError) as exc:
         fail(exc)
     with run:
         _decode_all(run, items, plan, decode,
@@ -99,14 +102,18 @@ def live(
 
 def _decoder(model: str, device: str, dtype: str, ray: str | None) -> Callable[..., Any]:
     """``(job, run, log) -> runs frame``: the model loaded here and :func:`run_live`, or with
-    ``--ray`` the model checked here (loaded by the workers) and the Ray tasks."""
+    ``--ray`` the model checked here (loaded by the workers) and the Ray tasks. ValueError
+    (one line) on a device or dtype this machine cannot use, before the model loads (the
+    check of ``kvsim trace``; with ``--ray`` the workers' devices are theirs to check)."""
     from functools import partial
 
     from kvsim.live.run import run_live
 
     if ray is None:
         from kvsim.live.models import load_backbone
+        from kvsim.tracer.backbones.base import check_device_dtype
 
+        check_device_dtype(device, dtype)
         return partial(run_live, load_backbone(model, device=device, dtype=dtype))
     from kvsim.cluster import connect
     from kvsim.live.remote import ModelSpec, check_model, run_live_on_ray
@@ -125,6 +132,9 @@ def _select_inputs(inputs: list[Path] | None, reference: list[str] | None, datas
     if ids and limit:
         raise DataError("--ids and --limit both select inputs: give one of them")
     if dataset:
+        if reference:
+            raise DataError("--reference applies to audio files given as arguments; "
+                            f"--dataset {dataset} reads its own references")
         if not inputs or len(inputs) != 1:
             raise DataError("--dataset takes exactly one root folder (or manifest) argument")
         items = load_dataset(dataset, inputs[0], split=split, limit=limit)

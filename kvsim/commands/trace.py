@@ -127,9 +127,10 @@ def batch_config(model: str, out_dir: Path, *, device: str, dtype: str, aligner:
                  task: str = "transcribe", language: str | None = None, prompt: str | None = None,
                  reference: Path | None = None, overwrite: bool = False, **options):
     """The batch's configuration (``options`` are :class:`TraceOptions` fields); checks the
-    model name, device, dtype, task and aligner (this imports torch, but loads no model)."""
+    model name, device, dtype, task, language and aligner (this imports torch, but loads no
+    model)."""
     from kvsim.tracer.backbones import BackboneError, LoadOptions, PromptSpec, resolve_model
-    from kvsim.tracer.backbones.base import TASKS, check_device_dtype
+    from kvsim.tracer.backbones.base import TASKS, check_device_dtype, check_language
     from kvsim.tracer.batch import ALIGNERS, BatchConfig
     from kvsim.tracer.run import TraceOptions
 
@@ -140,6 +141,7 @@ def batch_config(model: str, out_dir: Path, *, device: str, dtype: str, aligner:
     try:
         resolve_model(model)
         check_device_dtype(device, dtype)
+        check_language(language)
     except (BackboneError, ValueError) as exc:
         fail(exc)
     return BatchConfig(

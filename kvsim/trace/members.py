@@ -23,12 +23,21 @@ from kvsim.trace.schema import TraceError
 #: Largest ``meta.json`` or ``heads.json`` read (both are a few kB in practice).
 MAX_JSON_BYTES = 64 << 20
 
-_KINDS = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")]
+_KINDS = [(stat.S_ISDIR, "is a directory"), (stat.S_ISFIFO, "is a FIFO"),
+          (stat.S_ISCHR, "is a character device"), (stat.S_ISBLK, "is a block device"),
+          (stat.S_ISSOCK, "is a socket")]
 
 
 def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    """What a file of ``mode`` is, e.g. ``"is a directory"``."""
+    return next((name for test, name in _KINDS if test(mode)), "is not a regular file")
+
+
+def _check_regular(path: Path, mode: int) -> None:
+    """:class:`TraceError` ``<path>: <file>: is a directory, not a regular file`` (etc.)
+    unless ``mode`` is a regular file's."""
+    if not stat.S_ISREG(mode):
+        raise TraceError(str(path), "<file>", f"{_kind(mode)}, not a regular file")
 
 
 def member_size(trace_dir: Path, name: str) -> int:
@@ -46,25 +55,28 @@ def member_size(trace_dir: Path, name: str) -> int:
         raise TraceError(str(path), "<file>", "missing") from None
     except OSError as exc:
         raise TraceError(str(path), "<file>", f"cannot stat ({exc.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise TraceError(str(path), "<file>", f"{_kind(st.st_mode)}, not a regular file")
+    _check_regular(path, st.st_mode)
     return st.st_size
 
 
 @contextlib.contextmanager
 def open_member(path: Path, limit: int) -> Iterator[tuple[BinaryIO, int]]:
     """Open ``path`` for reading without blocking; yield the file and its size. Refuses
-    anything but a regular file of at most ``limit`` bytes (checked on the descriptor)."""
+    anything but a regular file of at most ``limit`` bytes (checked on the descriptor, before
+    Python wraps it: ``os.fdopen`` of a directory would raise IsADirectoryError)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError:
         raise TraceError(str(path), "<file>", "missing") from None
     except OSError as exc:
         raise TraceError(str(path), "<file>", f"cannot open ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as fh:
+    try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise TraceError(str(path), "<file>", f"{_kind(st.st_mode)}, not a regular file")
+        _check_regular(Path(path), st.st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as fh:
         if st.st_size > limit:
             raise TraceError(str(path), "<file>", f"{st.st_size} bytes, more than the {limit} expected")
         try:

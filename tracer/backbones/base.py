@@ -232,6 +232,15 @@ class Backbone(ABC):
         return i / self.audio_tokens_per_s, (i + 1) / self.audio_tokens_per_s
 
 
+def check_language(language: str | None) -> None:
+    """ValueError ``--language CODE: ...`` (one line) unless ``language`` is None or one of the
+    codes the task prompts know (:data:`LANGUAGE_NAMES`): another code would be dropped from a
+    transcription prompt or pasted raw into a translation one."""
+    if language is not None and language not in LANGUAGE_NAMES:
+        raise ValueError(f"--language {language}: not a language code the prompts know; use one "
+                         f"of {', '.join(LANGUAGE_NAMES)}")
+
+
 def check_device_dtype(device: str, dtype: str) -> None:
     """Fail early, in one line, on a device or dtype this machine cannot use."""
     torch_dtype(dtype)
