@@ -115,12 +115,35 @@ def _lock_holder(lock: Path) -> dict | None:
         return None
 
 
+#: The commands that write a run manifest.
+RUN_COMMANDS = ("replay", "live", "trace")
+
+
+def is_kvsim_manifest(manifest: object) -> bool:
+    """Whether ``manifest`` (a parsed ``run.json``) was written by :class:`RunDir`."""
+    return (isinstance(manifest, dict) and manifest.get("command") in RUN_COMMANDS
+            and "kvsim_version" in manifest and isinstance(manifest.get("inputs"), list))
+
+
+def check_run_folder(path: Path) -> None:
+    """Raise :class:`OutDirError` when ``path`` holds an entry under a name a run manages
+    (``MANAGED``) but no ``run.json`` written by kvsim: the user's own files there are never
+    replaced or removed."""
+    path = Path(path)
+    if is_kvsim_manifest(read_manifest(path)):
+        return
+    own = next((name for name in MANAGED if (path / name).exists() or (path / name).is_symlink()), None)
+    if own is not None:
+        raise OutDirError(f"--out {path}: holds {own} but is not a kvsim run folder (no {MANIFEST} "
+                          "written by kvsim); choose another --out, kvsim does not replace it")
+
+
 def clear_run(path: Path) -> None:
     """Remove what an earlier run wrote under the managed names (and leftover temp files).
-    Only in a directory an earlier kvsim run wrote (it has ``run.json`` or, from versions
-    before the manifest, ``results.parquet``): a user's own ``steps/`` elsewhere is kept."""
+    Only in a directory an earlier kvsim run wrote (its ``run.json``, see
+    :func:`is_kvsim_manifest`); :func:`check_run_folder` refuses any other that holds them."""
     path = Path(path)
-    if not ((path / MANIFEST).exists() or (path / "results.parquet").exists()):
+    if not is_kvsim_manifest(read_manifest(path)):
         return
     for name in MANAGED:
         p = Path(path) / name
@@ -177,6 +200,7 @@ class RunDir:
         except OSError as exc:  # e.g. a read-only file system that os.access did not reveal
             raise OutDirError(f"--out {path}: cannot write ({exc.strerror or exc})") from None
         try:
+            check_run_folder(path)
             old = read_manifest(path)
             kept: dict[str, dict] = {}
             if resume and old is not None:

@@ -302,3 +302,19 @@ def test_resume_keeps_completed_traces_and_refuses_other_options(tmp_path, trace
     assert sorted(pl.read_parquet(out / "results.parquet")["trace"]) == ["good0", "good1"]
     res = runner.invoke(app, ["replay", str(traces), "-p", "snapkv", "-o", str(out), "--resume"])
     assert res.exit_code == 2 and _one_line(res.output, "--resume", "other options")
+
+
+@pytest.mark.parametrize("own", [["results.parquet", "steps/mine.txt"], ["run.json"], ["steps/mine.txt"]])
+def test_replay_refuses_a_folder_that_is_not_a_kvsim_run(own, tmp_path, traces):
+    """A folder holding files of the user's own under the names a run manages (no run.json
+    written by kvsim) is refused in one line naming it; nothing in it is touched."""
+    out = tmp_path / "mine"
+    for name in own:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(f"the user's own {name}")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    res = runner.invoke(app, ["replay", str(traces), "-p", "full", "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    line = _one_line(res.output, "error:", "--out", str(out))
+    assert "not a kvsim run" in line and len(res.output.strip().splitlines()) == 1
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
