@@ -318,3 +318,23 @@ def test_replay_refuses_a_folder_that_is_not_a_kvsim_run(own, tmp_path, traces):
     line = _one_line(res.output, "error:", "--out", str(out))
     assert "not a kvsim run" in line and len(res.output.strip().splitlines()) == 1
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("command", ["simulate-runs", "simulate-table", "fig1", "table7", "alignment"])
+def test_out_that_is_a_file_refused_before_work(command, tmp_path, traces):
+    """`-o FILE` of the commands that write a folder: one line naming --out, exit 2, before
+    any work (the same check as replay's), the file untouched."""
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["replay", str(traces / "good0.kvtrace"), "-p", "full", "-o", str(run)]).exit_code == 0
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    args = {"simulate-runs": ["simulate", str(run)],
+            "simulate-table": ["simulate", "--table", "memory"],
+            "fig1": ["study", "fig1", str(traces)],
+            "table7": ["study", "table7", str(traces), "--no-live", "--quick"],
+            "alignment": ["alignment", str(traces)]}[command]
+    res = runner.invoke(app, [*args, "-o", str(afile)])
+    assert res.exit_code == 2, res.output
+    _one_line(res.output, "error:", f"--out {afile}", "not a directory")
+    assert len(res.output.strip().splitlines()) == 1, res.output  # no table, no progress
+    assert afile.read_text() == "mine"

@@ -33,6 +33,13 @@ def alignment(
     from kvsim.trace.reader import collect_traces
 
     chosen = _parse_options(layers, n_layers, smooth, min_jump)
+    if out is not None:
+        from kvsim.rundir import OutDirError, check_out_dir
+
+        try:
+            check_out_dir(out)
+        except OutDirError as exc:
+            fail(exc)
     traces = trace_arguments(traces)
     paths, _ = collect_traces(traces)
     if words and len(words) != len(paths):

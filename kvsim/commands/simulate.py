@@ -110,11 +110,14 @@ def simulate(
     """Simulate decode steps on a SimPy model of the host, CUDA streams, HBM and PCIe."""
     import polars as pl
 
+    from kvsim.rundir import OutDirError, check_out_dir
     from kvsim.sim import AnalyticError, ModeError, PresetError, SimMode, WorkloadError
 
     if markdown:
         fmt = TableFormat.markdown
     try:
+        if out is not None:
+            check_out_dir(out)
         _check_options(batch=batch, retention=retention, tidal_heads=tidal_heads,
                        anchor_heads=anchor_heads, audio_minutes=audio_minutes, churn=churn,
                        decode_steps=decode_steps, capacity_gib=capacity_gib)
@@ -134,7 +137,7 @@ def simulate(
         else:
             raise ValueError("nothing to simulate: give a replay directory, --policy, or --table")
         rows, frames = _simulate_jobs(jobs, gpus, modes, runtime, batch, capacity, capacity_gib)
-    except (PresetError, WorkloadError, ModeError, AnalyticError, ValueError,
+    except (PresetError, WorkloadError, ModeError, AnalyticError, OutDirError, ValueError,
             FileNotFoundError) as exc:
         fail(exc)
     print_frame(pl.DataFrame(rows), SIM_COLUMNS, fmt=fmt, wide=wide, title=f"kvsim simulate ({runtime})")
