@@ -5,11 +5,12 @@ time so that a crash loses at most the input in flight.
 Layout under ``--out``::
 
     run.json          the run manifest: command line, start/end time, kvsim version, inputs,
-                      which completed or failed, status running | complete | failed
+                      which completed or failed, failed output steps (replay --simulate,
+                      --plot), status running | complete | failed
     .kvsim.lock       advisory lock: the pid of the process writing here
     parts/<key>.parquet  the results of one finished input (written atomically)
     steps/...         per-run step logs, listed in run.json under the input that wrote them
-    results.parquet   the combined table, written atomically once every input has finished
+    results.parquet   the combined table, written atomically when the run ends (last)
 
 A fresh run removes what an earlier run left in the names it manages (``MANAGED``), so two
 runs never mix; ``resume`` keeps the inputs an earlier run with the same configuration
@@ -217,7 +218,8 @@ class RunDir:
             run = cls(path, {"command": command, "argv": sys.argv, "kvsim_version": _version(),
                              "started": _now(), "ended": None, "status": "running",
                              "pid": os.getpid(), "config": config, "inputs": inputs,
-                             "completed": kept, "failed": {}}, lock, dict(kept))
+                             "completed": kept, "failed": {}, "outputs_failed": {}},
+                      lock, dict(kept))
             run._save()
             return run
         except BaseException:
@@ -264,6 +266,11 @@ class RunDir:
         self.manifest["failed"][key] = message
         self._save()
 
+    def output_failed(self, name: str, message: str) -> None:
+        """Record that a step after the inputs (``--simulate``, ``--plot``) failed."""
+        self.manifest["outputs_failed"][name] = message
+        self._save()
+
     def parts(self) -> pl.DataFrame | None:
         """Every completed input's results, in input order (None when there are none)."""
         frames = [pl.read_parquet(self.path / e["part"], glob=False)
@@ -275,8 +282,10 @@ class RunDir:
             frame.write_parquet(tmp)
 
     def finish(self, status: str | None = None) -> str:
-        """Close the manifest: ``complete`` when no input failed, else ``failed``."""
-        self.manifest["status"] = status or ("failed" if self.manifest["failed"] else "complete")
+        """Close the manifest: ``complete`` when no input and no output step failed, else
+        ``failed``."""
+        broken = self.manifest["failed"] or self.manifest["outputs_failed"]
+        self.manifest["status"] = status or ("failed" if broken else "complete")
         self.manifest["ended"] = _now()
         self._save()
         return self.manifest["status"]

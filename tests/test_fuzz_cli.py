@@ -338,3 +338,44 @@ def test_out_that_is_a_file_refused_before_work(command, tmp_path, traces):
     _one_line(res.output, "error:", f"--out {afile}", "not a directory")
     assert len(res.output.strip().splitlines()) == 1, res.output  # no table, no progress
     assert afile.read_text() == "mine"
+
+
+@pytest.mark.parametrize("step", ["--plot", "--simulate"])
+def test_replay_extra_step_failing_leaves_a_truthful_run(step, tmp_path, traces, monkeypatch):
+    """While --simulate/--plot run there is no results.parquet and run.json says running; when
+    one fails: one line naming it, the replay results kept, status failed, the lock gone."""
+    import kvsim.plots
+    import kvsim.sim
+
+    out = tmp_path / "out"
+    seen = {}
+
+    def boom(*args, **kwargs):
+        seen["results"] = (out / "results.parquet").exists()
+        seen["status"] = _manifest(out)["status"]
+        raise RuntimeError("step exploded")
+
+    monkeypatch.setattr(kvsim.plots if step == "--plot" else kvsim.sim,
+                        "save_chart" if step == "--plot" else "simulate_runs", boom)
+    extra = ["--plot"] if step == "--plot" else ["--simulate", "h100-sxm", "--sim-mode", "sync"]
+    res = runner.invoke(app, ["replay", str(traces), "-p", "full", "-o", str(out), *extra])
+    assert res.exit_code == 1, res.output
+    assert seen == {"results": False, "status": "running"}
+    line = _one_line(res.output, "error:", step, "step exploded")
+    assert "RuntimeError" in line
+    m = _manifest(out)
+    assert m["status"] == "failed" and m["outputs_failed"] == {step: line.removeprefix("error: ")}
+    assert not (out / LOCK).exists()
+    assert pl.read_parquet(out / "results.parquet").height == 2  # the replay results are kept
+    assert not (out / "sim_results.parquet").exists() and not (out / "recall_vs_rgpu.png").exists()
+
+
+def test_replay_simulate_refuses_a_trace_without_model_preset_before_work(tmp_path, traces):
+    tiny = make_trace(tmp_path / "tiny.kvtrace", preset="tiny", seconds=4, steps=3)
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["replay", str(traces / "good0.kvtrace"), str(tiny), "-p", "full",
+                              "-o", str(out), "--simulate", "h100-sxm"])
+    assert res.exit_code == 2, res.output
+    line = _one_line(res.output, "error:", str(tiny), "--simulate", "'tiny'")
+    assert res.output.strip().splitlines() == [line]  # nothing replayed
+    assert not out.exists()
