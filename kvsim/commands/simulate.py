@@ -57,13 +57,32 @@ def _step_logs(path: Path) -> list[tuple[str, Path, Path]]:
 
 
 def _load_facts(js: Path):
-    from kvsim.core.steplog import RunFacts
+    """The RunFacts beside a step log; a damaged file is a WorkloadError naming it and the field."""
+    from kvsim.sim import WorkloadError, facts_from_json
 
     try:
-        data = json.loads(js.read_text())
-        return RunFacts(**data)
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise ValueError(f"{js}: not a RunFacts JSON ({exc})") from None
+        return facts_from_json(json.loads(js.read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"{js}: not a RunFacts JSON ({exc})") from None
+    except WorkloadError as exc:
+        raise WorkloadError(f"{js}: {exc}") from None
+
+
+def _load_step_log(pq: Path, facts):
+    """The workload of one step-log parquet; a damaged file is a WorkloadError naming it."""
+    import polars as pl
+
+    from kvsim.sim import WorkloadError, from_step_log
+
+    try:
+        log = pl.read_parquet(pq, glob=False)
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        message = " ".join(str(exc).split())
+        raise WorkloadError(f"{pq}: not a readable parquet step log ({message})") from None
+    try:
+        return from_step_log(log, facts)
+    except WorkloadError as exc:
+        raise WorkloadError(f"{pq}: {exc}") from None
 
 
 #: The simulator summary: the compact set fits 80 columns unless the run names are long
@@ -183,9 +202,7 @@ def _documented_table(table: str, gpu: str, runtime: str, model: str | None, aud
 
 def _step_log_jobs(runs: Path, model: str | None) -> list[tuple]:
     """(name, workload, model preset) of every step log of a replay output."""
-    import polars as pl
-
-    from kvsim.sim import PresetError, from_step_log, model_preset
+    from kvsim.sim import PresetError, model_preset
 
     jobs = []
     for name, pq, js in _step_logs(runs):
@@ -194,7 +211,7 @@ def _step_log_jobs(runs: Path, model: str | None) -> list[tuple]:
             mp = model_preset(model or facts.model)
         except PresetError as exc:
             raise PresetError(f"{js}: {exc} (or pass --model)") from None
-        jobs.append((name, from_step_log(pl.read_parquet(pq, glob=False), facts), mp))
+        jobs.append((name, _load_step_log(pq, facts), mp))
     return jobs
 
 

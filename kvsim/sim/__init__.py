@@ -31,14 +31,14 @@ from kvsim.sim.presets import (
     runtime_preset,
 )
 from kvsim.sim.result import SimResult
-from kvsim.sim.workload import StepWorkload, WorkloadError, from_step_log
+from kvsim.sim.workload import StepWorkload, WorkloadError, facts_from_json, from_step_log
 
 DEFAULT_RUNTIME = "hf-sdpa"
 
 __all__ = [
     "AnalyticError", "AnalyticPolicy", "GpuPreset", "HbmLedger", "HbmOutOfMemory", "ModeError",
     "ModelPreset", "PcieLink", "PresetError", "RuntimePreset", "SimMode", "SimResult",
-    "StepWorkload", "Stream", "WorkloadError", "analytic_workload", "decode_steps_for",
+    "StepWorkload", "Stream", "WorkloadError", "analytic_workload", "decode_steps_for", "facts_from_json",
     "from_step_log", "gpu_preset", "list_presets", "load_preset", "max_batch", "model_preset",
     "preset_for", "runtime_preset", "simulate_run", "simulate_runs", "simulate_workload", "transfer_us",
 ]
