@@ -78,9 +78,11 @@ SIMULATE_OPTIONS = [
     (["--retention", "1.5"], "--retention", "(0, 1]"),
     (["--tidal-heads", "-1"], "--tidal-heads", "[0, inf)"),
     (["--anchor-heads", "-1"], "--anchor-heads", "[0, inf)"),
-    (["--audio-minutes", "0"], "--audio-minutes", "(0, inf)"),
-    (["--churn", "-0.5"], "--churn", "[0, inf)"), (["--decode-steps", "0"], "--decode-steps", "[1, inf)"),
+    (["--audio-minutes", "0"], "--audio-minutes", "(0, 240]"),
+    (["--churn", "-0.5"], "--churn", "[0, inf)"), (["--decode-steps", "0"], "--decode-steps", "[1, 100000]"),
     (["--capacity-gib", "0"], "--capacity-gib", "(0, inf)"),
+    (["--audio-minutes", "100000"], "--audio-minutes", "(0, 240]"),
+    (["--decode-steps", "1000000000"], "--decode-steps", "[1, 100000]"),
 ]
 
 

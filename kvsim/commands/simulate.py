@@ -115,9 +115,9 @@ def simulate(
     retention: Annotated[float, typer.Option(help="Analytic mode: target r_GPU (audio KV fraction on GPU)")] = 0.2,
     tidal_heads: Annotated[int, typer.Option(help="Analytic WnW: tidal heads")] = 85,
     anchor_heads: Annotated[int, typer.Option(help="Analytic WnW: anchor heads")] = 5,
-    audio_minutes: Annotated[float, typer.Option(help="Analytic mode: audio length")] = 4.0,
-    churn: Annotated[float, typer.Option(help="Analytic WnW: extra re-fetches of released segments per step (sensitivity; default 0)")] = 0.0,
-    decode_steps: Annotated[int | None, typer.Option(help="Analytic mode: decode steps (default: transcript length of the audio)")] = None,
+    audio_minutes: Annotated[float, typer.Option(help="Analytic mode: audio length in minutes, at most 240")] = 4.0,
+    churn: Annotated[float, typer.Option(help="Analytic WnW: extra re-fetches of released segments per step, at most the audio's 2-s segments (sensitivity; default 0)")] = 0.0,
+    decode_steps: Annotated[int | None, typer.Option(help="Analytic mode: decode steps, at most 100000 (default: transcript length of the audio)")] = None,
     capacity: Annotated[bool, typer.Option("--capacity", help="Also report the largest batch that fits and its tokens/s")] = False,
     capacity_gib: Annotated[float | None, typer.Option(help="GPU memory cap for --capacity (default: the GPU preset's)")] = None,
     markdown: Annotated[bool, typer.Option(help="Same as --format markdown.")] = False,
@@ -259,12 +259,14 @@ def _check_options(batch: int, retention: float, tidal_heads: int, anchor_heads:
                    capacity_gib: float | None) -> None:
     """Range of every numeric option (OptionError, a ValueError, names the option)."""
     from kvsim.commands._options import check_positive_ints, check_range
+    from kvsim.sim.analytic import MAX_AUDIO_MINUTES, MAX_DECODE_STEPS
 
-    check_positive_ints(batch=batch, decode_steps=decode_steps)
+    check_positive_ints(batch=batch)
+    check_range("--decode-steps", decode_steps, 1, MAX_DECODE_STEPS)
     check_range("--retention", retention, 0, 1, low_open=True)
     check_range("--tidal-heads", tidal_heads, 0)
     check_range("--anchor-heads", anchor_heads, 0)
-    check_range("--audio-minutes", audio_minutes, 0, low_open=True)
+    check_range("--audio-minutes", audio_minutes, 0, MAX_AUDIO_MINUTES, low_open=True)
     check_range("--churn", churn, 0)
     check_range("--capacity-gib", capacity_gib, 0, low_open=True)
 
