@@ -32,7 +32,8 @@ REPLAY_COLUMNS = [
     Column("transfers_per_step", "copies", "{:.1f}", compact=False),
     Column("policy_seconds", "policy s", "{:.2f}", compact=False),
 ]
-#: The ``--simulate`` summary (one row per run and simulator mode).
+#: The ``--simulate`` summary (one row per run and simulator mode); the compact set fits 80
+#: columns with the shipped traces' names.
 SIM_COLUMNS = [
     Column("trace", "trace", text=True),
     Column("label", "policy", text=True),
@@ -41,7 +42,7 @@ SIM_COLUMNS = [
     Column("ms_per_token_median", "ms/tok", "{:.3f}"),
     Column("ms_per_token_mean", "ms/tok mean", "{:.3f}", compact=False),
     Column("tokens_per_s", "tok/s", "{:.1f}", compact=False),
-    Column("peak_gpu_gib", "peak GiB", "{:.3f}"),
+    Column("peak_gpu_gib", "GiB", "{:.3f}"),  # peak GPU memory
     Column("h2d_mb_per_step", "MB/step", "{:.3f}", compact=False),
     Column("h2d_copies_per_step", "copies", "{:.1f}", compact=False),
     Column("transfer_wait_share", "wait", "{:.3f}"),
