@@ -5,11 +5,12 @@ time so that a crash loses at most the input in flight.
 Layout under ``--out``::
 
     run.json          the run manifest: command line, start/end time, kvsim version, inputs,
-                      which completed or failed, status running | complete | failed
+                      which completed or failed, failed output steps (replay --simulate,
+                      --plot), status running | complete | failed
     .kvsim.lock       advisory lock: the pid of the process writing here
     parts/<key>.parquet  the results of one finished input (written atomically)
     steps/...         per-run step logs, listed in run.json under the input that wrote them
-    results.parquet   the combined table, written atomically once every input has finished
+    results.parquet   the combined table, written atomically when the run ends (last)
 
 A fresh run removes what an earlier run left in the names it manages (``MANAGED``), so two
 runs never mix; ``resume`` keeps the inputs an earlier run with the same configuration
@@ -115,12 +116,35 @@ def _lock_holder(lock: Path) -> dict | None:
         return None
 
 
+#: The commands that write a run manifest.
+RUN_COMMANDS = ("replay", "live", "trace")
+
+
+def is_kvsim_manifest(manifest: object) -> bool:
+    """Whether ``manifest`` (a parsed ``run.json``) was written by :class:`RunDir`."""
+    return (isinstance(manifest, dict) and manifest.get("command") in RUN_COMMANDS
+            and "kvsim_version" in manifest and isinstance(manifest.get("inputs"), list))
+
+
+def check_run_folder(path: Path) -> None:
+    """Raise :class:`OutDirError` when ``path`` holds an entry under a name a run manages
+    (``MANAGED``) but no ``run.json`` written by kvsim: the user's own files there are never
+    replaced or removed."""
+    path = Path(path)
+    if is_kvsim_manifest(read_manifest(path)):
+        return
+    own = next((name for name in MANAGED if (path / name).exists() or (path / name).is_symlink()), None)
+    if own is not None:
+        raise OutDirError(f"--out {path}: holds {own} but is not a kvsim run folder (no {MANIFEST} "
+                          "written by kvsim); choose another --out, kvsim does not replace it")
+
+
 def clear_run(path: Path) -> None:
     """Remove what an earlier run wrote under the managed names (and leftover temp files).
-    Only in a directory an earlier kvsim run wrote (it has ``run.json`` or, from versions
-    before the manifest, ``results.parquet``): a user's own ``steps/`` elsewhere is kept."""
+    Only in a directory an earlier kvsim run wrote (its ``run.json``, see
+    :func:`is_kvsim_manifest`); :func:`check_run_folder` refuses any other that holds them."""
     path = Path(path)
-    if not ((path / MANIFEST).exists() or (path / "results.parquet").exists()):
+    if not is_kvsim_manifest(read_manifest(path)):
         return
     for name in MANAGED:
         p = Path(path) / name
@@ -177,6 +201,7 @@ class RunDir:
         except OSError as exc:  # e.g. a read-only file system that os.access did not reveal
             raise OutDirError(f"--out {path}: cannot write ({exc.strerror or exc})") from None
         try:
+            check_run_folder(path)
             old = read_manifest(path)
             kept: dict[str, dict] = {}
             if resume and old is not None:
@@ -193,7 +218,8 @@ class RunDir:
             run = cls(path, {"command": command, "argv": sys.argv, "kvsim_version": _version(),
                              "started": _now(), "ended": None, "status": "running",
                              "pid": os.getpid(), "config": config, "inputs": inputs,
-                             "completed": kept, "failed": {}}, lock, dict(kept))
+                             "completed": kept, "failed": {}, "outputs_failed": {}},
+                      lock, dict(kept))
             run._save()
             return run
         except BaseException:
@@ -240,6 +266,11 @@ class RunDir:
         self.manifest["failed"][key] = message
         self._save()
 
+    def output_failed(self, name: str, message: str) -> None:
+        """Record that a step after the inputs (``--simulate``, ``--plot``) failed."""
+        self.manifest["outputs_failed"][name] = message
+        self._save()
+
     def parts(self) -> pl.DataFrame | None:
         """Every completed input's results, in input order (None when there are none)."""
         frames = [pl.read_parquet(self.path / e["part"], glob=False)
@@ -251,8 +282,10 @@ class RunDir:
             frame.write_parquet(tmp)
 
     def finish(self, status: str | None = None) -> str:
-        """Close the manifest: ``complete`` when no input failed, else ``failed``."""
-        self.manifest["status"] = status or ("failed" if self.manifest["failed"] else "complete")
+        """Close the manifest: ``complete`` when no input and no output step failed, else
+        ``failed``."""
+        broken = self.manifest["failed"] or self.manifest["outputs_failed"]
+        self.manifest["status"] = status or ("failed" if broken else "complete")
         self.manifest["ended"] = _now()
         self._save()
         return self.manifest["status"]

@@ -210,3 +210,22 @@ def test_live_table_at_80_columns(tmp_path) -> None:
     assert res.exit_code == 0, res.output
     assert max(len(line) for line in res.stdout.splitlines()) <= 80, res.stdout
     _assert_whole_names(res.stdout, ("snapkv(window=8)", "pyramidkv", "affpool:0.5", "0.45"))
+
+
+SHIPPED = Path(__file__).parents[1] / "traces"
+
+
+def test_replay_simulate_and_alignment_of_the_shipped_traces_fit_80_columns(tmp_path) -> None:
+    """The compact sets of `replay --simulate`'s second table and of `alignment` are sized for
+    the shipped traces' names: within 80 columns, every name whole."""
+    names = [p.name.removesuffix(".kvtrace") for p in SHIPPED.glob("*.kvtrace")]
+    res = runner.invoke(app, ["replay", str(SHIPPED), "--max-steps", "3", "-o", str(tmp_path / "r"),
+                              "--simulate", "h100-sxm"], env=NARROW)
+    assert res.exit_code == 0, res.output
+    assert "simulated on h100-sxm" in res.stdout
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80, res.stdout
+    _assert_whole_names(res.stdout, names)
+    res = runner.invoke(app, ["alignment", str(SHIPPED)], env=NARROW)
+    assert res.exit_code == 0, res.output
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80, res.stdout
+    _assert_whole_names(res.stdout, names)

@@ -78,9 +78,11 @@ SIMULATE_OPTIONS = [
     (["--retention", "1.5"], "--retention", "(0, 1]"),
     (["--tidal-heads", "-1"], "--tidal-heads", "[0, inf)"),
     (["--anchor-heads", "-1"], "--anchor-heads", "[0, inf)"),
-    (["--audio-minutes", "0"], "--audio-minutes", "(0, inf)"),
-    (["--churn", "-0.5"], "--churn", "[0, inf)"), (["--decode-steps", "0"], "--decode-steps", "[1, inf)"),
+    (["--audio-minutes", "0"], "--audio-minutes", "(0, 240]"),
+    (["--churn", "-0.5"], "--churn", "[0, inf)"), (["--decode-steps", "0"], "--decode-steps", "[1, 100000]"),
     (["--capacity-gib", "0"], "--capacity-gib", "(0, inf)"),
+    (["--audio-minutes", "100000"], "--audio-minutes", "(0, 240]"),
+    (["--decode-steps", "1000000000"], "--decode-steps", "[1, 100000]"),
 ]
 
 
@@ -302,3 +304,80 @@ def test_resume_keeps_completed_traces_and_refuses_other_options(tmp_path, trace
     assert sorted(pl.read_parquet(out / "results.parquet")["trace"]) == ["good0", "good1"]
     res = runner.invoke(app, ["replay", str(traces), "-p", "snapkv", "-o", str(out), "--resume"])
     assert res.exit_code == 2 and _one_line(res.output, "--resume", "other options")
+
+
+@pytest.mark.parametrize("own", [["results.parquet", "steps/mine.txt"], ["run.json"], ["steps/mine.txt"]])
+def test_replay_refuses_a_folder_that_is_not_a_kvsim_run(own, tmp_path, traces):
+    """A folder holding files of the user's own under the names a run manages (no run.json
+    written by kvsim) is refused in one line naming it; nothing in it is touched."""
+    out = tmp_path / "mine"
+    for name in own:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(f"the user's own {name}")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    res = runner.invoke(app, ["replay", str(traces), "-p", "full", "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    line = _one_line(res.output, "error:", "--out", str(out))
+    assert "not a kvsim run" in line and len(res.output.strip().splitlines()) == 1
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("command", ["simulate-runs", "simulate-table", "fig1", "table7", "alignment"])
+def test_out_that_is_a_file_refused_before_work(command, tmp_path, traces):
+    """`-o FILE` of the commands that write a folder: one line naming --out, exit 2, before
+    any work (the same check as replay's), the file untouched."""
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["replay", str(traces / "good0.kvtrace"), "-p", "full", "-o", str(run)]).exit_code == 0
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    args = {"simulate-runs": ["simulate", str(run)],
+            "simulate-table": ["simulate", "--table", "memory"],
+            "fig1": ["study", "fig1", str(traces)],
+            "table7": ["study", "table7", str(traces), "--no-live", "--quick"],
+            "alignment": ["alignment", str(traces)]}[command]
+    res = runner.invoke(app, [*args, "-o", str(afile)])
+    assert res.exit_code == 2, res.output
+    _one_line(res.output, "error:", f"--out {afile}", "not a directory")
+    assert len(res.output.strip().splitlines()) == 1, res.output  # no table, no progress
+    assert afile.read_text() == "mine"
+
+
+@pytest.mark.parametrize("step", ["--plot", "--simulate"])
+def test_replay_extra_step_failing_leaves_a_truthful_run(step, tmp_path, traces, monkeypatch):
+    """While --simulate/--plot run there is no results.parquet and run.json says running; when
+    one fails: one line naming it, the replay results kept, status failed, the lock gone."""
+    import kvsim.plots
+    import kvsim.sim
+
+    out = tmp_path / "out"
+    seen = {}
+
+    def boom(*args, **kwargs):
+        seen["results"] = (out / "results.parquet").exists()
+        seen["status"] = _manifest(out)["status"]
+        raise RuntimeError("step exploded")
+
+    monkeypatch.setattr(kvsim.plots if step == "--plot" else kvsim.sim,
+                        "save_chart" if step == "--plot" else "simulate_runs", boom)
+    extra = ["--plot"] if step == "--plot" else ["--simulate", "h100-sxm", "--sim-mode", "sync"]
+    res = runner.invoke(app, ["replay", str(traces), "-p", "full", "-o", str(out), *extra])
+    assert res.exit_code == 1, res.output
+    assert seen == {"results": False, "status": "running"}
+    line = _one_line(res.output, "error:", step, "step exploded")
+    assert "RuntimeError" in line
+    m = _manifest(out)
+    assert m["status"] == "failed" and m["outputs_failed"] == {step: line.removeprefix("error: ")}
+    assert not (out / LOCK).exists()
+    assert pl.read_parquet(out / "results.parquet").height == 2  # the replay results are kept
+    assert not (out / "sim_results.parquet").exists() and not (out / "recall_vs_rgpu.png").exists()
+
+
+def test_replay_simulate_refuses_a_trace_without_model_preset_before_work(tmp_path, traces):
+    tiny = make_trace(tmp_path / "tiny.kvtrace", preset="tiny", seconds=4, steps=3)
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["replay", str(traces / "good0.kvtrace"), str(tiny), "-p", "full",
+                              "-o", str(out), "--simulate", "h100-sxm"])
+    assert res.exit_code == 2, res.output
+    line = _one_line(res.output, "error:", str(tiny), "--simulate", "'tiny'")
+    assert res.output.strip().splitlines() == [line]  # nothing replayed
+    assert not out.exists()

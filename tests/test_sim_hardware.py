@@ -410,3 +410,38 @@ def test_churn_adds_refetch_traffic_linearly():
     per_entry = 100 * (25 - round((0.2 * 240 - 5) / 235 * 25)) * 512
     assert mb[1] - mb[0] == pytest.approx(0.1 * per_entry, rel=0.02)
     assert mb[2] - mb[1] == pytest.approx(0.1 * per_entry, rel=0.02)
+
+
+def test_churn_memory_does_not_grow_with_its_value():
+    """The churned segments in flight are kept as one count per step (at most ``lag``
+    entries), not one entry per segment: a churn of 1e6 per step costs no more memory."""
+    from kvsim.sim.analytic import _Churn
+
+    churn = _Churn(1e6, 3)
+    for s in range(50):
+        assert churn.step(s) == 1_000_000
+        assert len(churn.live) <= 3 and churn.n_live == min(s + 1, 3) * 1_000_000
+
+
+def test_churn_same_workload_as_per_segment_bookkeeping():
+    """Fractional churn: the re-fetches and residents of the count-per-step bookkeeping equal
+    those of one entry per segment (the definition)."""
+    from kvsim.sim.analytic import _Churn
+
+    churn, acc, live = _Churn(2.37, 4), 0.0, []
+    for s in range(40):
+        acc += 2.37
+        n = int(acc)
+        acc -= n
+        live = [t for t in live if s - t < 4] + [s] * n
+        assert churn.step(s) == n and churn.n_live == len(live)
+
+
+def test_churn_above_the_audio_segment_count_is_refused():
+    from kvsim.sim import AnalyticError
+
+    model = model_preset("voxtral-mini-3b")
+    n_seg = 240 // 2  # 240 s of 2-s segments
+    analytic_workload(model, AnalyticPolicy("wnw", 0.2, tidal_heads=35, churn_segments_per_step=n_seg), 240.0)
+    with pytest.raises(AnalyticError, match=r"--churn.*<= 120"):
+        analytic_workload(model, AnalyticPolicy("wnw", 0.2, tidal_heads=35, churn_segments_per_step=1e9), 240.0)

@@ -172,3 +172,44 @@ def test_recalling_policies_from_the_replay_engine(replay_runs):
         assert sync["h2d_mb_per_step"] == pytest.approx(run.summary["h2d_mb_per_step"])
         assert sync["transfer_wait_share"] > 0
         assert ovl["ms_per_token_mean"] <= sync["ms_per_token_mean"]
+
+
+def _damage(steps, kind: str):
+    """Damage the snapkv step log (or its RunFacts JSON) of a replay dir; returns (file, field)."""
+    pq = next(steps.glob("*snapkv*.parquet"))
+    js = pq.with_suffix(".json")
+    facts = json.loads(js.read_text())
+    if kind == "truncated parquet":
+        pq.write_bytes(pq.read_bytes()[:100])
+        return pq, "parquet"
+    if kind == "garbage parquet":
+        pq.write_bytes(b"not a parquet file at all")
+        return pq, "parquet"
+    if kind in ("string column", "null column", "list column"):
+        log = pl.read_parquet(pq)
+        col = {"string column": pl.col("gpu_audio_tokens").cast(pl.Utf8),
+               "null column": pl.when(pl.col("step") == 1).then(None).otherwise(pl.col("gpu_audio_tokens")),
+               "list column": pl.col("h2d_tokens_by_layer").cast(pl.List(pl.Utf8))}[kind]
+        name = "h2d_tokens_by_layer" if kind == "list column" else "gpu_audio_tokens"
+        log.with_columns(col.alias(name)).write_parquet(pq)
+        return pq, name
+    field, value = {"facts: string for int": ("n_layers", "x"), "facts: bool for int": ("head_dim", True),
+                    "facts: zero layers": ("n_layers", 0), "facts: nan budget": ("budget", "NaN"),
+                    "facts: number for model": ("model", 3)}[kind]
+    facts[field] = value
+    js.write_text(json.dumps(facts).replace('"NaN"', "NaN"))
+    return js, field
+
+
+@pytest.mark.parametrize("kind", ["truncated parquet", "garbage parquet", "string column", "null column",
+                                  "list column", "facts: string for int", "facts: bool for int",
+                                  "facts: zero layers", "facts: nan budget", "facts: number for model"])
+def test_cli_damaged_step_log_is_one_line_naming_file_and_field(kind, tmp_path, replay_runs):
+    out = _write_replay_dir(tmp_path, replay_runs)
+    bad, field = _damage(out / "steps", kind)
+    r = CliRunner().invoke(app, ["simulate", str(out), "-o", str(tmp_path / "sim")])
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and r.exception.__class__.__name__ == "SystemExit"
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {bad}") and field in lines[0], r.output
+    assert not (tmp_path / "sim").exists()

@@ -1,5 +1,5 @@
 """The one table printer of the commands: a compact column set that fits 80 columns by
-default, every column with ``--wide``, and ``--format markdown|csv`` for logs and documents.
+default with short names, every column with ``--wide``, and ``--format markdown|csv`` for logs and documents.
 
 Names (traces, policies, inputs) are never cut: when a table is wider than the terminal it is
 printed at its natural width (the terminal wraps the line) rather than shortened with ``…``.
@@ -32,7 +32,7 @@ class TableFormat(StrEnum):
 FormatOption = Annotated[TableFormat, typer.Option(
     "--format", help="table (for a terminal), markdown (for documents) or csv (for logs and scripts; raw values, column names as stored).")]
 WideOption = Annotated[bool, typer.Option(
-    "--wide", help="Show every column (the default set fits 80 columns).")]
+    "--wide", help="Show every column (the default set fits 80 columns with short names; names are never cut).")]
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ def alignment(
     wide: WideOption = False,
     fmt: FormatOption = TableFormat.table,
 ) -> None:
-    """Alignment path of each trace: the audio time of the attention peak per answer token in the decoder's most monotonic layers; its jumps back (re-read audio: repeated text) and forward (skipped audio), the audio it visits, and with --words whether the model writes the word spoken where it looks.
+    """Alignment path of each trace: the audio time of the attention peak per answer token in the decoder's most monotonic layers; its jumps back (re-read audio: repeated text) and forward (skipped audio), the audio it visits, and with --words whether the model writes the word spoken where it looks (word match; n/a without --words).
 
     A broken trace is one line on stderr; the others are measured; the exit code is non-zero if any failed.
     """
@@ -33,6 +33,13 @@ def alignment(
     from kvsim.trace.reader import DuplicateTraceError, collect_traces
 
     chosen = _parse_options(layers, n_layers, smooth, min_jump)
+    if out is not None:
+        from kvsim.rundir import OutDirError, check_out_dir
+
+        try:
+            check_out_dir(out)
+        except OutDirError as exc:
+            fail(exc)
     traces = trace_arguments(traces)
     try:
         paths, _ = collect_traces(traces)
@@ -57,10 +64,11 @@ def alignment(
         raise typer.Exit(1)
 
 
-#: (key, header, in the compact set) of the alignment table.
+#: (key, header, in the compact set) of the alignment table (the title says they are jumps;
+#: the compact set fits 80 columns with the shipped traces' names).
 COLUMNS = [("trace", "trace", True), ("layers", "layers (monotonicity)", False),
-           ("tokens", "tokens", True), ("back", "jumps back", True), ("forward", "jumps fwd", True),
-           ("visited", "audio visited", True), ("agreement", "word match", True)]
+           ("tokens", "tokens", True), ("back", "back", True), ("forward", "forward", True),
+           ("visited", "visited", True), ("agreement", "word match", True)]
 
 
 def _parse_options(layers: str | None, n_layers: int, smooth: int, min_jump: float) -> list[int] | None:
@@ -103,7 +111,7 @@ def _align_trace(path: Path, words: Path | None, layers: list[int] | None, n_lay
         raise TraceError(str(words), "--words", str(exc).removeprefix(f"{words}: ")) from None
     speech = max(w.end for w in ref) if ref else res.audio_seconds
     agree = (f"{word_agreement(res.path, ref):.0%} (chance {chance_agreement(res.path, ref):.0%})"
-             if ref else "n/a (no --words)")
+             if ref else "n/a")  # needs --words
     back, forward = res.back_jumps, res.forward_jumps
     row = {"trace": trace.name,
            "layers": ", ".join(f"{x} ({m:.2f})" for x, m in zip(res.layers, res.layer_monotonicity, strict=True)),

@@ -32,7 +32,8 @@ REPLAY_COLUMNS = [
     Column("transfers_per_step", "copies", "{:.1f}", compact=False),
     Column("policy_seconds", "policy s", "{:.2f}", compact=False),
 ]
-#: The ``--simulate`` summary (one row per run and simulator mode).
+#: The ``--simulate`` summary (one row per run and simulator mode); the compact set fits 80
+#: columns with the shipped traces' names.
 SIM_COLUMNS = [
     Column("trace", "trace", text=True),
     Column("label", "policy", text=True),
@@ -41,7 +42,7 @@ SIM_COLUMNS = [
     Column("ms_per_token_median", "ms/tok", "{:.3f}"),
     Column("ms_per_token_mean", "ms/tok mean", "{:.3f}", compact=False),
     Column("tokens_per_s", "tok/s", "{:.1f}", compact=False),
-    Column("peak_gpu_gib", "peak GiB", "{:.3f}"),
+    Column("peak_gpu_gib", "GiB", "{:.3f}"),  # peak GPU memory
     Column("h2d_mb_per_step", "MB/step", "{:.3f}", compact=False),
     Column("h2d_copies_per_step", "copies", "{:.1f}", compact=False),
     Column("transfer_wait_share", "wait", "{:.3f}"),
@@ -105,6 +106,8 @@ def replay(
         paths = find_traces(trace_arguments(traces) if traces else [default_trace_dir()])
         if not paths:
             raise ValueError("no *.kvtrace found")
+        if simulate:
+            _check_sim_models(paths)
         scores = read_heads(calibration) if calibration else None
         cfg = ReplayConfig(topk=topk, error_stride=error_stride, max_steps=max_steps,
                            head_scores=scores, padding=padding,
@@ -169,21 +172,39 @@ def _replay_into(run, todo: list[Path], specs: list, cfg: object, jobs: int, ray
     if frame is None:
         run.finish("failed")
         return "failed"
-    run.write_combined(frame)
     fmt, wide = shown
     print_frame(frame.sort("trace", "budget", "label"), REPLAY_COLUMNS, fmt=fmt, wide=wide, title="kvsim replay")
     simulate, sim_mode, plot = extras
     if simulate:
-        _simulate(results, run.path, simulate, sim_mode, shown)
+        _extra_step(run, "--simulate", _simulate, results, run.path, simulate, sim_mode, shown)
     if plot:
-        from kvsim.plots import recall_vs_rgpu, save_chart
-
-        for p in save_chart(recall_vs_rgpu(frame), run.path / "recall_vs_rgpu"):
-            err.print(f"wrote {p}", markup=False)
+        _extra_step(run, "--plot", _plot, frame, run.path)
+    run.write_combined(frame)  # last: no combined results.parquet while the run goes on
     err.print(f"{frame.height} runs over {len(run.completed)} traces in {time.perf_counter() - t0:.1f}s "
               f"-> {run.path}/results.parquet", markup=False)
-    status = run.finish("failed" if n_errors else None)
-    return status
+    return run.finish("failed" if n_errors else None)
+
+
+def _extra_step(run, flag: str, step, *args: object) -> None:
+    """Run ``--simulate`` or ``--plot`` after the replay; a failure is one line naming
+    ``flag``, recorded in run.json (the run then ends ``failed``), and the replay results
+    are still combined."""
+    from kvsim.rundir import input_error
+
+    try:
+        step(*args)
+    except Exception as exc:  # any failure of the step: the replay's results stay
+        message = input_error(flag, exc)
+        print_error(message)
+        run.output_failed(flag, message)
+
+
+def _plot(frame, out: Path) -> None:
+    """The recall-vs-r_GPU chart of ``frame`` (HTML and PNG) in ``out``."""
+    from kvsim.plots import recall_vs_rgpu, save_chart
+
+    for p in save_chart(recall_vs_rgpu(frame), out / "recall_vs_rgpu"):
+        err.print(f"wrote {p}", markup=False)
 
 
 def _run_on_ray(address: str, paths: list[Path], specs: list, cfg: object):
@@ -222,18 +243,38 @@ def _check_simulate(gpu: str, modes: str, resume: bool) -> None:
         raise ValueError(f"--simulate: {exc}") from None
 
 
+def _check_sim_models(paths: list[Path]) -> None:
+    """Refuse ``--simulate`` before any work when a trace's model has no simulator preset
+    (or another layout than its preset): one line per such trace (ValueError for the last).
+    A trace that does not open is left to the replay, which reports it."""
+    from kvsim.sim import PresetError, preset_for
+    from kvsim.trace.reader import Trace
+
+    lines = []
+    for path in paths:
+        try:
+            model = Trace(path).meta.model
+        except Exception:  # reported in one line when it is replayed
+            continue
+        try:
+            preset_for(model.name, model)
+        except PresetError as exc:
+            lines.append(f"{path}: --simulate: {exc}; replay it without --simulate")
+    for line in lines[:-1]:
+        print_error(line)
+    if lines:
+        raise ValueError(lines[-1])
+
+
 def _simulate(results: list, out: Path, gpu: str, modes: str, shown: tuple[TableFormat, bool]) -> None:
     """Feed every run's step log to the hardware simulator; write sim_results.parquet and
-    print its table (``shown``: format and --wide)."""
+    print its table (``shown``: format and --wide). Preset and modes were checked up front."""
     import polars as pl
 
     from kvsim.sim import simulate_runs
     from kvsim.trace.atomic import atomic_file
 
-    try:
-        sim = simulate_runs(results, gpu=gpu, modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
-    except (KeyError, ValueError) as exc:  # unknown preset or mode: one line, results kept
-        fail(f"--simulate: {exc}")
+    sim = simulate_runs(results, gpu=gpu, modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
     with atomic_file(out / "sim_results.parquet") as tmp:
         sim.write_parquet(tmp)
     if "label" not in sim.columns:

@@ -57,13 +57,32 @@ def _step_logs(path: Path) -> list[tuple[str, Path, Path]]:
 
 
 def _load_facts(js: Path):
-    from kvsim.core.steplog import RunFacts
+    """The RunFacts beside a step log; a damaged file is a WorkloadError naming it and the field."""
+    from kvsim.sim import WorkloadError, facts_from_json
 
     try:
-        data = json.loads(js.read_text())
-        return RunFacts(**data)
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise ValueError(f"{js}: not a RunFacts JSON ({exc})") from None
+        return facts_from_json(json.loads(js.read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"{js}: not a RunFacts JSON ({exc})") from None
+    except WorkloadError as exc:
+        raise WorkloadError(f"{js}: {exc}") from None
+
+
+def _load_step_log(pq: Path, facts):
+    """The workload of one step-log parquet; a damaged file is a WorkloadError naming it."""
+    import polars as pl
+
+    from kvsim.sim import WorkloadError, from_step_log
+
+    try:
+        log = pl.read_parquet(pq, glob=False)
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        message = " ".join(str(exc).split())
+        raise WorkloadError(f"{pq}: not a readable parquet step log ({message})") from None
+    try:
+        return from_step_log(log, facts)
+    except WorkloadError as exc:
+        raise WorkloadError(f"{pq}: {exc}") from None
 
 
 #: The simulator summary: the compact set fits 80 columns unless the run names are long
@@ -96,9 +115,9 @@ def simulate(
     retention: Annotated[float, typer.Option(help="Analytic mode: target r_GPU (audio KV fraction on GPU)")] = 0.2,
     tidal_heads: Annotated[int, typer.Option(help="Analytic WnW: tidal heads")] = 85,
     anchor_heads: Annotated[int, typer.Option(help="Analytic WnW: anchor heads")] = 5,
-    audio_minutes: Annotated[float, typer.Option(help="Analytic mode: audio length")] = 4.0,
-    churn: Annotated[float, typer.Option(help="Analytic WnW: extra re-fetches of released segments per step (sensitivity; default 0)")] = 0.0,
-    decode_steps: Annotated[int | None, typer.Option(help="Analytic mode: decode steps (default: transcript length of the audio)")] = None,
+    audio_minutes: Annotated[float, typer.Option(help="Analytic mode: audio length in minutes, at most 240")] = 4.0,
+    churn: Annotated[float, typer.Option(help="Analytic WnW: extra re-fetches of released segments per step, at most the audio's 2-s segments (sensitivity; default 0)")] = 0.0,
+    decode_steps: Annotated[int | None, typer.Option(help="Analytic mode: decode steps, at most 100000 (default: transcript length of the audio)")] = None,
     capacity: Annotated[bool, typer.Option("--capacity", help="Also report the largest batch that fits and its tokens/s")] = False,
     capacity_gib: Annotated[float | None, typer.Option(help="GPU memory cap for --capacity (default: the GPU preset's)")] = None,
     markdown: Annotated[bool, typer.Option(help="Same as --format markdown.")] = False,
@@ -110,11 +129,14 @@ def simulate(
     """Simulate decode steps on a SimPy model of the host, CUDA streams, HBM and PCIe."""
     import polars as pl
 
+    from kvsim.rundir import OutDirError, check_out_dir
     from kvsim.sim import AnalyticError, ModeError, PresetError, SimMode, WorkloadError
 
     if markdown:
         fmt = TableFormat.markdown
     try:
+        if out is not None:
+            check_out_dir(out)
         _check_options(batch=batch, retention=retention, tidal_heads=tidal_heads,
                        anchor_heads=anchor_heads, audio_minutes=audio_minutes, churn=churn,
                        decode_steps=decode_steps, capacity_gib=capacity_gib)
@@ -134,7 +156,7 @@ def simulate(
         else:
             raise ValueError("nothing to simulate: give a replay directory, --policy, or --table")
         rows, frames = _simulate_jobs(jobs, gpus, modes, runtime, batch, capacity, capacity_gib)
-    except (PresetError, WorkloadError, ModeError, AnalyticError, ValueError,
+    except (PresetError, WorkloadError, ModeError, AnalyticError, OutDirError, ValueError,
             FileNotFoundError) as exc:
         fail(exc)
     print_frame(pl.DataFrame(rows), SIM_COLUMNS, fmt=fmt, wide=wide, title=f"kvsim simulate ({runtime})")
@@ -180,9 +202,7 @@ def _documented_table(table: str, gpu: str, runtime: str, model: str | None, aud
 
 def _step_log_jobs(runs: Path, model: str | None) -> list[tuple]:
     """(name, workload, model preset) of every step log of a replay output."""
-    import polars as pl
-
-    from kvsim.sim import PresetError, from_step_log, model_preset
+    from kvsim.sim import PresetError, model_preset
 
     jobs = []
     for name, pq, js in _step_logs(runs):
@@ -191,7 +211,7 @@ def _step_log_jobs(runs: Path, model: str | None) -> list[tuple]:
             mp = model_preset(model or facts.model)
         except PresetError as exc:
             raise PresetError(f"{js}: {exc} (or pass --model)") from None
-        jobs.append((name, from_step_log(pl.read_parquet(pq, glob=False), facts), mp))
+        jobs.append((name, _load_step_log(pq, facts), mp))
     return jobs
 
 
@@ -239,12 +259,14 @@ def _check_options(batch: int, retention: float, tidal_heads: int, anchor_heads:
                    capacity_gib: float | None) -> None:
     """Range of every numeric option (OptionError, a ValueError, names the option)."""
     from kvsim.commands._options import check_positive_ints, check_range
+    from kvsim.sim.analytic import MAX_AUDIO_MINUTES, MAX_DECODE_STEPS
 
-    check_positive_ints(batch=batch, decode_steps=decode_steps)
+    check_positive_ints(batch=batch)
+    check_range("--decode-steps", decode_steps, 1, MAX_DECODE_STEPS)
     check_range("--retention", retention, 0, 1, low_open=True)
     check_range("--tidal-heads", tidal_heads, 0)
     check_range("--anchor-heads", anchor_heads, 0)
-    check_range("--audio-minutes", audio_minutes, 0, low_open=True)
+    check_range("--audio-minutes", audio_minutes, 0, MAX_AUDIO_MINUTES, low_open=True)
     check_range("--churn", churn, 0)
     check_range("--capacity-gib", capacity_gib, 0, low_open=True)
 

@@ -31,16 +31,16 @@ from kvsim.sim.presets import (
     runtime_preset,
 )
 from kvsim.sim.result import SimResult
-from kvsim.sim.workload import StepWorkload, WorkloadError, from_step_log
+from kvsim.sim.workload import StepWorkload, WorkloadError, facts_from_json, from_step_log
 
 DEFAULT_RUNTIME = "hf-sdpa"
 
 __all__ = [
     "AnalyticError", "AnalyticPolicy", "GpuPreset", "HbmLedger", "HbmOutOfMemory", "ModeError",
     "ModelPreset", "PcieLink", "PresetError", "RuntimePreset", "SimMode", "SimResult",
-    "StepWorkload", "Stream", "WorkloadError", "analytic_workload", "decode_steps_for",
+    "StepWorkload", "Stream", "WorkloadError", "analytic_workload", "decode_steps_for", "facts_from_json",
     "from_step_log", "gpu_preset", "list_presets", "load_preset", "max_batch", "model_preset",
-    "runtime_preset", "simulate_run", "simulate_runs", "simulate_workload", "transfer_us",
+    "preset_for", "runtime_preset", "simulate_run", "simulate_runs", "simulate_workload", "transfer_us",
 ]
 
 
@@ -51,6 +51,16 @@ def _check_facts(facts: RunFacts, model: ModelPreset) -> None:
                 f"run facts {attr}={getattr(facts, attr)} do not match model preset "
                 f"{model.name!r} ({attr}={getattr(model, attr)}); pass model= explicitly"
             )
+
+
+def preset_for(name: str, layout: object) -> ModelPreset:
+    """The model preset ``name``, checked against the ``n_layers``, ``n_kv_heads`` and
+    ``head_dim`` of ``layout`` (a trace's ``meta.model``, a RunFacts). Raises
+    :class:`PresetError` (one line) for an unknown model or another layout, so that a caller
+    can refuse a run before replaying it."""
+    preset = model_preset(name)
+    _check_facts(layout, preset)
+    return preset
 
 
 def simulate_workload(

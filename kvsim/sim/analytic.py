@@ -24,6 +24,7 @@ independently (expected number of runs of a random k-subset's complement).
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,12 @@ import numpy as np
 from kvsim.core.steplog import RunFacts
 from kvsim.sim.presets import ModelPreset
 from kvsim.sim.workload import StepWorkload
+
+#: Longest audio (minutes) and most decode steps of an analytic workload: the simulation's
+#: time and memory grow with its steps (240 min of audio, 46,800 steps: about 15 s per GPU and
+#: mode on one core); both are far beyond the context of the models simulated.
+MAX_AUDIO_MINUTES = 240
+MAX_DECODE_STEPS = 100_000
 
 
 class AnalyticError(ValueError):
@@ -62,7 +69,7 @@ class AnalyticPolicy:
         p = self.policy.lower()
         if p not in ("full", "snapkv", "static", "wnw"):
             raise AnalyticError(f"analytic policy {self.policy!r}: use full, snapkv, static or wnw")
-        if self.churn_segments_per_step < 0:
+        if not self.churn_segments_per_step >= 0:  # NaN too
             raise AnalyticError(f"churn must be >= 0, got {self.churn_segments_per_step}")
         if not 0 < self.r_gpu <= 1:
             raise AnalyticError(f"r_gpu must be in (0, 1], got {self.r_gpu}")
@@ -95,11 +102,13 @@ def analytic_workload(
 ) -> StepWorkload:
     """Per-step workload of ``pol`` on ``audio_s`` seconds of audio (see module docstring)."""
     pol.check(model)
-    if audio_s <= 0:
-        raise AnalyticError(f"audio length must be > 0 s, got {audio_s}")
+    if not 0 < audio_s <= MAX_AUDIO_MINUTES * 60:
+        raise AnalyticError(f"audio length must be in (0, {MAX_AUDIO_MINUTES * 60}] s, got {audio_s:g}")
     L, H = model.n_layers, model.n_kv_heads
     T_a = max(1, round(audio_s * model.audio_tokens_per_s))
     S = n_decode or decode_steps_for(audio_s, pol)
+    if not 1 <= S <= MAX_DECODE_STEPS:
+        raise AnalyticError(f"decode steps must be in [1, {MAX_DECODE_STEPS}], got {S}")
     p = pol.policy.lower()
     facts = RunFacts(
         model=model.name, n_layers=L, n_q_heads=model.n_q_heads, n_kv_heads=H,
@@ -133,6 +142,9 @@ def _wnw_steps(model: ModelPreset, pol: AnalyticPolicy, T_a: int, tok: np.ndarra
     L, H = model.n_layers, model.n_kv_heads
     n_s = max(1, math.ceil(pol.segment_s * model.audio_tokens_per_s))
     n_seg = math.ceil(T_a / n_s)
+    if pol.churn_segments_per_step > n_seg:
+        raise AnalyticError(f"churn (--churn) must be <= {n_seg}, the audio's {pol.segment_s:g}-s "
+                            f"segments (re-fetched per step), got {pol.churn_segments_per_step:g}")
     r_t = pol.tidal_retention(model)
     k = round(r_t * n_s)  # per-segment top-k (WnW §2.3); lambda is tuned to hit r_gpu
     m = n_s - k
@@ -154,7 +166,7 @@ def _wnw_steps(model: ModelPreset, pol: AnalyticPolicy, T_a: int, tok: np.ndarra
             tok[s] = tidal_l * m * n_in
             runs[s] = np.round(tidal_l * runs_per_seg * n_in).astype(np.int64)
             segs[s] = tidal_l * n_in
-        resident = len(full) + len(churn.live)
+        resident = len(full) + churn.n_live
         gpu[s] = base + pol.tidal_heads * m * resident
         cpu[s] = pol.tidal_heads * m * max(n_seg - resident, 0)  # CPU-only complement
     return gpu
@@ -177,17 +189,25 @@ def _advance_window(full: dict[int, int], window: set[int], release_lag: int) ->
 
 
 class _Churn:
-    """Re-fetches of released segments, ``per_step`` on average, each resident ``lag`` steps."""
+    """Re-fetches of released segments, ``per_step`` on average, each resident ``lag`` steps.
+
+    ``live`` holds one ``(step, count)`` pair per step of the last ``lag`` steps, so memory
+    and time do not grow with ``per_step``."""
 
     def __init__(self, per_step: float, lag: int) -> None:
         self.per_step, self.lag = per_step, lag
         self.acc = 0.0
-        self.live: list[int] = []  # steps at which churned segments were re-fetched
+        self.live: deque[tuple[int, int]] = deque()  # (step re-fetched at, segments)
+        self.n_live = 0  # churned segments resident now
 
     def step(self, s: int) -> int:
         """Segments re-fetched at step ``s``."""
         self.acc += self.per_step
         n = int(self.acc)
         self.acc -= n
-        self.live = [t0 for t0 in self.live if s - t0 < self.lag] + [s] * n
+        while self.live and s - self.live[0][0] >= self.lag:
+            self.n_live -= self.live.popleft()[1]
+        if n:
+            self.live.append((s, n))
+            self.n_live += n
         return n

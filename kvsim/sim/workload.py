@@ -51,6 +51,56 @@ class StepWorkload:
         return self.h2d_tokens_by_layer.sum(axis=1) * self.facts.kv_bytes_per_head_token
 
 
+#: RunFacts fields: (type, lowest value) checked by :func:`facts_from_json`.
+_FACT_FIELDS: dict[str, tuple[type, float | None]] = {
+    "model": (str, None), "n_layers": (int, 1), "n_q_heads": (int, 1), "n_kv_heads": (int, 1),
+    "head_dim": (int, 1), "dtype_bytes": (int, 1), "n_audio": (int, 0), "n_prefill": (int, 0),
+    "n_decode": (int, 0), "policy": (str, None), "budget": (float, 0),
+    "audio_tokens_per_s": (float, 0),
+}
+
+
+def facts_from_json(data: object) -> RunFacts:
+    """RunFacts from a parsed JSON object (the ``.json`` beside a step log), every field
+    checked: present, of its JSON type (``bool`` is no number), finite and in range.
+    Raises :class:`WorkloadError` ``field 'x': ...`` (the caller adds the file)."""
+    if not isinstance(data, dict):
+        raise WorkloadError(f"not a JSON object of RunFacts fields (got {type(data).__name__})")
+    unknown = sorted(set(data) - set(_FACT_FIELDS))
+    if unknown:
+        raise WorkloadError(f"field {unknown[0]!r}: not a RunFacts field")
+    for name, (kind, low) in _FACT_FIELDS.items():
+        if name not in data:
+            raise WorkloadError(f"field {name!r}: missing")
+        value = data[name]
+        if not _of_type(value, kind):
+            raise WorkloadError(f"field {name!r}: expected {kind.__name__}, got {value!r}")
+        if low is not None and not (math.isfinite(value) and value >= low):
+            raise WorkloadError(f"field {name!r}: must be finite and >= {low:g}, got {value!r}")
+    return RunFacts(**data)
+
+
+def _of_type(value: object, kind: type) -> bool:
+    """Whether a JSON ``value`` is a ``kind`` (str, int, or float, which takes integers too)."""
+    if isinstance(value, bool) or kind is str:
+        return kind is str and isinstance(value, str)
+    return isinstance(value, int) if kind is int else isinstance(value, int | float)
+
+
+def _check_columns(step_log: pl.DataFrame) -> None:
+    """Every step-log column present, of integers (lists of integers), without nulls."""
+    for col, want in STEP_LOG_COLUMNS.items():
+        if col not in step_log.columns:
+            raise WorkloadError(f"step log: missing column {col!r}")
+        dtype = step_log.schema[col]
+        listed = isinstance(want, pl.List)
+        inner = dtype.inner if listed and isinstance(dtype, pl.List) else None if listed else dtype
+        if inner is None or not inner.is_integer():
+            raise WorkloadError(f"step log: column {col!r} is {dtype}, expected {want}")
+        if not listed and step_log[col].null_count():
+            raise WorkloadError(f"step log: column {col!r} has {step_log[col].null_count()} nulls")
+
+
 def segment_tokens(facts: RunFacts, seconds: float = 2.0) -> int:
     """WnW §2.3 segment size n_s = ceil(W_s * r_tok) (2-s stride: Voxtral 25, Qwen 50)."""
     return max(1, math.ceil(seconds * facts.audio_tokens_per_s))
@@ -83,9 +133,7 @@ def from_step_log(step_log: pl.DataFrame, facts: RunFacts, n_s: int | None = Non
     ``min(runs, ceil(tokens / n_s))`` (a recalled piece never spans more than one segment of
     ``n_s`` positions), i.e. a lower bound on per-segment copies.
     """
-    missing = [c for c in STEP_LOG_COLUMNS if c not in step_log.columns]
-    if missing:
-        raise WorkloadError(f"step log: missing column {missing[0]!r}")
+    _check_columns(step_log)
     if step_log.height == 0:
         raise WorkloadError("step log: no decode steps")
     df = step_log.sort("step")

@@ -32,8 +32,17 @@ LambdaFitOption = Annotated[str, typer.Option("--lambda-fit", help="How WnW's λ
 
 
 def default_out(name: str, out: Path | None) -> Path:
-    """``out``, or ``runs/study/<name>`` when none was given."""
-    return out if out is not None else Path("runs/study") / name
+    """``out``, or ``runs/study/<name>`` when none was given; checked before any work (an
+    existing file, a file in its path or an unwritable folder: one line, exit 2)."""
+    from kvsim.commands._errors import fail
+    from kvsim.rundir import OutDirError, check_out_dir
+
+    folder = out if out is not None else Path("runs/study") / name
+    try:
+        check_out_dir(folder)
+    except OutDirError as exc:
+        fail(exc)
+    return folder
 
 
 def finish(report, out: Path, t0: float) -> None:

@@ -24,6 +24,7 @@ def fig1(
     from kvsim.trace.schema import TraceError
 
     t0 = time.perf_counter()
+    out = default_out("fig1", out)
     try:
         default = [default_trace_dir()] if not traces else []
     except FileNotFoundError as exc:
@@ -33,7 +34,7 @@ def fig1(
         report = fig1_report(opened[:1] if quick else opened)
     except (TraceError, ValueError) as exc:
         fail(exc)
-    finish(report, default_out("fig1", out), t0)
+    finish(report, out, t0)
 
 
 COMMAND = fig1
