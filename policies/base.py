@@ -89,7 +89,7 @@ class PolicyContext:
         hs = self.head_scores
         want = (self.heads.n_layers, self.heads.n_kv_heads)
         if hs.voice_score.shape != want:
-            raise PolicyNotApplicable(
+            raise MissingCalibrationError(
                 f"policy {policy!r}: the calibration scores have shape {hs.voice_score.shape}, this "
                 f"model has (L, H_kv)={want}; pass the heads.json calibrated on this model"
             )
@@ -103,7 +103,7 @@ class PolicyNotApplicable(RuntimeError):
 
 
 class MissingCalibrationError(PolicyNotApplicable):
-    """A policy that needs head scores was run without them."""
+    """A policy that needs head scores was run without them, or with another model's."""
 
 
 @dataclass

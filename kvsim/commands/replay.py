@@ -49,9 +49,12 @@ SIM_COLUMNS = [
 ]
 
 
-def _replay_one(path: str, specs: list, cfg: object) -> tuple[list, list[str]]:
-    """Replay one trace; any error comes back as a one-line message (runs in worker
-    processes), so one bad trace never costs the batch."""
+def _replay_one(path: str, specs: list, cfg: object) -> tuple[list, list[str], list[str]]:
+    """Replay one trace: (results, errors, skipped), each message one line (runs in worker
+    processes), so one bad trace never costs the batch. A policy that refuses this trace by
+    its own arithmetic (a budget that holds no page) is *skipped*, not an error; one that
+    lacks fitting head scores is an error (the user can give them)."""
+    from kvsim.policies.base import MissingCalibrationError
     from kvsim.replay.engine import Replayer
     from kvsim.rundir import input_error
     from kvsim.trace.reader import Trace
@@ -60,8 +63,12 @@ def _replay_one(path: str, specs: list, cfg: object) -> tuple[list, list[str]]:
         rep = Replayer(Trace(path), cfg)
         results = rep.run(specs)
     except Exception as exc:  # isolation: report this trace, keep the others
-        return [], [input_error(path, exc)]
-    return results, [f"{path}: {s.label}@{s.budget:g}: {msg}" for s, msg in rep.failures]
+        return [], [input_error(path, exc)], []
+    errors, skipped = [], []
+    for spec, why in rep.failures:
+        line = f"{path}: {spec.label}@{spec.budget:g}: {why}"
+        (errors if isinstance(why, MissingCalibrationError) else skipped).append(line)
+    return results, errors, skipped
 
 
 def replay(
@@ -127,7 +134,8 @@ def replay(
 
 
 def _outcomes(todo: list[Path], specs: list, cfg: object, jobs: int, ray: str | None):
-    """(path, results, errors) per trace, as each finishes (serial, process pool or Ray)."""
+    """(path, results, errors, skipped) per trace, as each finishes (serial, process pool or
+    Ray)."""
     if ray:
         yield from _run_on_ray(ray, todo, specs, cfg)
     elif jobs > 1 and len(todo) > 1:
@@ -137,12 +145,12 @@ def _outcomes(todo: list[Path], specs: list, cfg: object, jobs: int, ray: str | 
             futures = {pool.submit(_replay_one, str(p), specs, cfg): p for p in todo}
             for fut in as_completed(futures):
                 try:
-                    res, errs = fut.result()
+                    res, errs, skips = fut.result()
                 except Exception as exc:  # a worker died (killed, out of memory)
                     from kvsim.rundir import input_error
 
-                    res, errs = [], [input_error(futures[fut], exc)]
-                yield futures[fut], res, errs
+                    res, errs, skips = [], [input_error(futures[fut], exc)], []
+                yield futures[fut], res, errs, skips
     else:
         for path in todo:
             err.print(f"replaying {path} ({len(specs)} policy/budget runs)", markup=False)
@@ -158,13 +166,15 @@ def _replay_into(run, todo: list[Path], specs: list, cfg: object, jobs: int, ray
 
     t0 = time.perf_counter()
     results, n_errors = [], 0
-    for path, res, errs in _outcomes(todo, specs, cfg, jobs, ray):
+    for path, res, errs, skips in _outcomes(todo, specs, cfg, jobs, ray):
         for e in errs:
             print_error(e)
+        for line in skips:
+            err.print(f"skipped: {line}", markup=False)
         n_errors += len(errs)
         if res:
             steps = write_step_logs(run.path, res)
-            run.done(str(path), results_frame(res), steps=steps, errors=errs)
+            run.done(str(path), results_frame(res), steps=steps, errors=errs, skipped=skips)
             results += res
         else:
             run.failed(str(path), errs[0] if errs else "no run completed")
@@ -209,7 +219,7 @@ def _plot(frame, out: Path) -> None:
 
 def _run_on_ray(address: str, paths: list[Path], specs: list, cfg: object):
     """One Ray task per trace on an existing cluster (or a local Ray with 'local'); yields
-    (path, results, errors) as each task finishes."""
+    (path, results, errors, skipped) as each task finishes."""
     from kvsim.cluster import connect
     from kvsim.rundir import input_error
 
@@ -223,10 +233,10 @@ def _run_on_ray(address: str, paths: list[Path], specs: list, cfg: object):
         [ref], _ = ray.wait(list(pending), num_returns=1)
         path = pending.pop(ref)
         try:
-            res, errs = ray.get(ref)
+            res, errs, skips = ray.get(ref)
         except Exception as exc:  # the task's worker died
-            res, errs = [], [input_error(path, exc)]
-        yield path, res, errs
+            res, errs, skips = [], [input_error(path, exc)], []
+        yield path, res, errs, skips
 
 
 def _check_simulate(gpu: str, modes: str, resume: bool) -> None:
