@@ -52,24 +52,23 @@ def make_plan(policy_args: Sequence[str], budgets: Sequence[float], transforms: 
     at r_GPU = budget, as a token-merging baseline). Plain ``full`` keeps everything whatever
     the budget, so it runs once (at budget 1.0).
     """
-    from kvsim.specs import parse_policies
+    from kvsim.specs import parse_policies, split_items
     from kvsim.tracer.transforms import parse_transforms
 
     crossed = list(parse_transforms(transforms))
     plan: list[PlanItem] = []
-    for arg in policy_args:
-        for item in filter(None, (x.strip() for x in arg.split(","))):
-            tname, sep, pol = item.rpartition("/")
-            for b in budgets:
-                for spec in parse_policies([pol], b):
-                    if not sep:
-                        if spec.name == "full" and not spec.params:
-                            spec = PolicySpec("full", 1.0)  # budget-independent: run it once
-                        plan += [PlanItem(t, spec) for t in crossed if PlanItem(t, spec) not in plan]
-                        continue
-                    t = f"affpool:{b:g}" if tname == "affpool" else tname
-                    parse_transforms(t)  # validate
-                    plan.append(PlanItem(t, spec))
+    for item in split_items(list(policy_args), "-p/--policy", "policy"):
+        tname, sep, pol = item.rpartition("/")
+        for b in budgets:
+            for spec in parse_policies([pol], b):
+                if not sep:
+                    if spec.name == "full" and not spec.params:
+                        spec = PolicySpec("full", 1.0)  # budget-independent: run it once
+                    plan += [PlanItem(t, spec) for t in crossed if PlanItem(t, spec) not in plan]
+                    continue
+                t = f"affpool:{b:g}" if tname == "affpool" else tname
+                parse_transforms(t)  # validate
+                plan.append(PlanItem(t, spec))
     return plan
 
 

@@ -250,3 +250,11 @@ def test_live_cli_unknown_language_is_one_line_before_the_model(tmp_path, no_mod
     (line,) = res.output.strip().splitlines()
     assert line.startswith("error: --language zz: ") and "en, fr" in line, res.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("policies", [[""], [","], ["full,,snapkv"]])
+def test_an_empty_policy_list_or_item_is_refused_naming_p(policies):
+    from kvsim.live.run import make_plan
+
+    with pytest.raises(ValueError, match="-p/--policy"):
+        make_plan(policies, [0.2])
