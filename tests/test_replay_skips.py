@@ -39,3 +39,11 @@ def test_head_scores_of_another_model_are_an_error_not_a_skip(tmp_path) -> None:
     assert "wnw@0.4" in res.output and "(30, 3)" in res.output and "skipped:" not in res.output
     rows = pl.read_parquet(tmp_path / "results.parquet")
     assert rows["policy"].to_list() == ["snapkv"]
+
+
+def test_a_folder_without_traces_is_named(tmp_path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = runner.invoke(app, ["replay", str(empty), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2
+    assert f"{empty}: no *.kvtrace found" in res.output.replace("\n", "")

@@ -110,9 +110,10 @@ def replay(
         specs = [s for b in parse_budgets(budget) for s in parse_policies(policy, b)]
         if simulate:
             _check_simulate(simulate, sim_mode, resume)
-        paths = find_traces(trace_arguments(traces) if traces else [default_trace_dir()])
+        given = trace_arguments(traces) if traces else [default_trace_dir()]
+        paths = find_traces(given)
         if not paths:
-            raise ValueError("no *.kvtrace found")
+            raise ValueError(f"{', '.join(map(str, given))}: no *.kvtrace found")
         if simulate:
             _check_sim_models(paths)
         scores = read_heads(calibration) if calibration else None
