@@ -341,6 +341,7 @@ class WnW(Policy):
             n_max = min(self._layout.n_segments, self.delta * self.top_k * per_chunk)
             worst = int(np.sort(self._seg_cost)[::-1][:n_max].sum())
             self._cap = self._prefill_gpu + worst
+            self._warn_if_every_chunk_is_selected()
             return
         if self._prefill_gpu > self._cap:  # defensive: _plan_step guarantees it
             raise AssertionError("wnw: prefill exceeds the budget")
@@ -351,6 +352,19 @@ class WnW(Policy):
                 f"{self._cap} (prefill keeps {self._prefill_gpu}); WnW will never recall. "
                 "Use budget_mode='paper' for the paper's accounting",
                 WnWBudgetWarning, stacklevel=3,
+            )
+
+    def _warn_if_every_chunk_is_selected(self) -> None:
+        """§2.3 selects the top-k chunks each step; when the audio has no more than k chunks,
+        every tidal segment is recalled at every step and r_GPU nears r_GPU+CPU (paper mode)."""
+        n = self._layout.n_chunks
+        if n <= self.top_k and self._tidal.any() and self._seg_cost.any():
+            warnings.warn(
+                f"wnw: all {n} chunks of this audio ({self.chunk_seconds:g} s, stride "
+                f"{self.stride_seconds:g} s) are among the top_k={self.top_k} selected at every "
+                "step: every tidal segment is recalled, so r_GPU will approach r_GPU+CPU whatever "
+                f"the target r={self.budget:g} (WnW is meant for audio of many chunks)",
+                WnWBudgetWarning, stacklevel=4,
             )
 
     # ------------------------------------------------------------------------------ decode

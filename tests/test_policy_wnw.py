@@ -409,3 +409,15 @@ def test_quota_is_floor_of_retention_times_segment_and_may_be_zero() -> None:
     view = random_prefill(ctx)
     assert (paper.prefill(ctx, view)[1, 1] == Tier.GPU).sum() == 0
     assert ((floor1.prefill(ctx, view)[1, 1] == Tier.GPU).reshape(4, 25).sum(-1) == 1).all()
+
+
+def test_audio_within_top_k_chunks_warns_that_every_step_recalls_all_of_it(recwarn) -> None:
+    """5 s of audio (W_c 4 s, W_s 2 s: 2 chunks) under top_k = 3: every chunk is selected at
+    every step, so paper-mode recalls bring every tidal segment back and r_GPU approaches
+    r_GPU+CPU whatever the target. The warning says so; 32 s of audio (15 chunks) does not."""
+    ctx = make_ctx(2, 4, 2, 62, voice_score=VS4)  # 62 tokens at 12.5/s: 2 chunks
+    with pytest.warns(WnWBudgetWarning, match=r"all 2 chunks .* top_k=3"):
+        make("wnw", 0.3, n_voice=3, n_anchor=1, lam=0.9).prefill(ctx, random_prefill(ctx))
+    ctx = make_ctx(2, 4, 2, 400, voice_score=VS4)
+    make("wnw", 0.3, n_voice=3, n_anchor=1, lam=0.9).prefill(ctx, random_prefill(ctx))
+    assert not [w for w in recwarn if "chunks" in str(w.message)]
