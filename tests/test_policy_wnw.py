@@ -418,6 +418,11 @@ def test_audio_within_top_k_chunks_warns_that_every_step_recalls_all_of_it(recwa
     ctx = make_ctx(2, 4, 2, 62, voice_score=VS4)  # 62 tokens at 12.5/s: 2 chunks
     with pytest.warns(WnWBudgetWarning, match=r"all 2 chunks .* top_k=3"):
         make("wnw", 0.3, n_voice=3, n_anchor=1, lam=0.9).prefill(ctx, random_prefill(ctx))
-    ctx = make_ctx(2, 4, 2, 400, voice_score=VS4)
-    make("wnw", 0.3, n_voice=3, n_anchor=1, lam=0.9).prefill(ctx, random_prefill(ctx))
+    ctx = make_ctx(2, 4, 2, 100, voice_score=VS4)  # 8 s: exactly 3 chunks, still all selected
+    with pytest.warns(WnWBudgetWarning, match=r"all 3 chunks"):
+        make("wnw", 0.3, n_voice=3, n_anchor=1, lam=0.9).prefill(ctx, random_prefill(ctx))
+    recwarn.clear()
+    for n_audio in (101, 400):  # 4 and 15 chunks: the top 3 leave some out
+        ctx = make_ctx(2, 4, 2, n_audio, voice_score=VS4)
+        make("wnw", 0.3, n_voice=3, n_anchor=1, lam=0.9).prefill(ctx, random_prefill(ctx))
     assert not [w for w in recwarn if "chunks" in str(w.message)]
