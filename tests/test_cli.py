@@ -95,3 +95,17 @@ def test_replay_on_ray_matches_local(tmp_path: Path) -> None:
     b = pl.read_parquet(tmp_path / "r" / "results.parquet").sort("trace").drop("policy_seconds")
     assert a.equals(b)
     ray.shutdown()
+
+
+def test_mismatch_says_when_a_top_k_jaccard_is_trivial() -> None:
+    """The shipped synthetic trace has 125 audio tokens: its top-500 Jaccard is 1 by
+    construction (the note says so); the 60 s minivox trace (750 tokens) gets no note."""
+    from kvsim.specs import default_trace_dir
+
+    traces = default_trace_dir()
+    res = runner.invoke(app, ["mismatch", str(traces / "synth-qwen-omni-5s.kvtrace"),
+                              str(traces / "minivox-test_30_60-00013.kvtrace")])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "synth-qwen-omni-5s: T_a = 125 audio tokens, so its top-500 Jaccard is 1" in text
+    assert "minivox-test_30_60-00013: T_a" not in text

@@ -48,6 +48,8 @@ def mismatch(traces: Annotated[list[Path], typer.Argument(help="Traces or folder
         print_whole(table)
         Console().print("'of speech' starts at the first word's onset (trace word timings); "
                         "n/a when the trace has none.")
+        for note in _trivial_jaccard_notes(stats):
+            Console().print(note, markup=False)
     if failed:
         raise typer.Exit(1)
 
@@ -59,3 +61,16 @@ def _fmt(x: float | None) -> str:
 
 
 COMMANDS = (mismatch,)
+
+
+def _trivial_jaccard_notes(stats: dict[str, dict]) -> list[str]:
+    """A note per trace whose audio has at most K tokens: its top-K sets are the whole audio,
+    so its top-K Jaccard is 1 by construction and says nothing (K = 100, 500)."""
+    notes = []
+    for name, s in stats.items():
+        ks = [k for k in (100, 500) if s["n_audio"] <= k]
+        if ks:
+            notes.append(f"{Path(name).stem}: T_a = {s['n_audio']} audio tokens, so its top-"
+                         f"{'/'.join(map(str, ks))} Jaccard is 1 by construction (both sets are "
+                         "the whole audio).")
+    return notes
