@@ -59,19 +59,36 @@ def input_error(path: object, exc: BaseException) -> str:
     return text if text.startswith(str(path)) else f"{path}: {text}"
 
 
+def check_creatable(path: Path, label: str) -> None:
+    """Raise :class:`OutDirError` ``LABEL: reason`` unless the nearest entry at or above
+    ``path`` that exists (a dangling link counts) is a writable directory, so that ``path``
+    can be made there. Creates nothing."""
+    probe = Path(path)
+    while not probe.exists() and not probe.is_symlink():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise OutDirError(f"{label}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise OutDirError(f"{label}: {probe} is not writable")
+
+
 def check_out_dir(path: Path) -> None:
     """Raise :class:`OutDirError` unless ``path`` is (or can be created as) a writable
     directory. Checked before any work starts; creates nothing."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise OutDirError(f"--out {path}: exists and is not a directory")
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise OutDirError(f"--out {path}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise OutDirError(f"--out {path}: {probe} is not writable")
+    check_creatable(path, f"--out {path}")
+
+
+def check_out_file(path: Path) -> None:
+    """Raise :class:`OutDirError` ``--out PATH: reason`` unless ``path`` can be written as a
+    file: not a folder, and its folder an existing or creatable writable directory. Checked
+    before any work; creates nothing."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutDirError(f"--out {path}: is a directory; give the file to write")
+    check_creatable(path.parent, f"--out {path}")
 
 
 def _pid_alive(pid: int) -> bool:

@@ -342,16 +342,14 @@ def read_reference(path: Path, label: str | None = None) -> str:
     """The stripped text of the reference file ``path`` (a regular file, read bounded and
     without blocking by :func:`kvsim.trace.members.read_member`); DataError
     ``LABEL: reason`` (``LABEL`` defaults to the path) when unreadable or empty."""
-    from kvsim.trace.members import MAX_JSON_BYTES, read_member
+    from kvsim.trace.members import read_text_member
     from kvsim.trace.schema import TraceError
 
     label = label or str(path)
     try:
-        text = read_member(path, MAX_JSON_BYTES).decode("utf-8").strip()
+        text = read_text_member(path).strip()
     except TraceError as exc:
         raise DataError(f"{label}: {exc.message}") from None
-    except UnicodeDecodeError:
-        raise DataError(f"{label}: not UTF-8 text") from None
     if not text:
         raise DataError(f"{label}: empty reference")
     return text

@@ -70,7 +70,13 @@ def load_word_times(path: str | Path) -> list[WordTiming]:
     name = str(path)
     if not path.exists():
         raise AlignmentError(f"{name}: not found")
-    text = _read_text(path)
+    from kvsim.trace.members import read_text_member
+    from kvsim.trace.schema import TraceError
+
+    try:  # a regular file only, bounded, without blocking (as a heads.json is read)
+        text = read_text_member(path)
+    except TraceError as exc:
+        raise AlignmentError(f"{name}: {exc.message}") from None
     if path.suffix.lower() == ".json":
         try:
             raw = json.loads(text)
@@ -91,20 +97,6 @@ def load_word_times(path: str | Path) -> list[WordTiming]:
                 continue
             raise AlignmentError(f"{name}: line {i + 1}: start/end are not numbers") from None
     return _checked(out, name)
-
-
-def _read_text(path: Path) -> str:
-    """The text of ``path``, read as :func:`kvsim.trace.members.read_member` reads a
-    heads.json: a regular file only, bounded, without blocking."""
-    from kvsim.trace.members import MAX_JSON_BYTES, read_member
-    from kvsim.trace.schema import TraceError
-
-    try:
-        return read_member(path, MAX_JSON_BYTES).decode("utf-8")
-    except TraceError as exc:
-        raise AlignmentError(f"{path}: {exc.message}") from None
-    except UnicodeDecodeError:
-        raise AlignmentError(f"{path}: not UTF-8 text") from None
 
 
 def _from_json(raw: Any, name: str) -> list[WordTiming]:

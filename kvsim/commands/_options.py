@@ -66,20 +66,3 @@ def announce_shipped_calibration(path: Path, flag: str, alternatives: str = "") 
 
     err.print(f"head scores: {path} (minivox's shipped calibration; {flag} FILE for another"
               f"{alternatives})", markup=False)
-
-
-def check_out_file(path: Path) -> None:
-    """Raise :class:`kvsim.rundir.OutDirError` ``--out PATH: reason`` unless ``path`` can be
-    written as a file: not a folder, its folder an existing or creatable writable directory
-    (:func:`kvsim.rundir.check_out_dir`). Checked before any work; creates nothing."""
-    from kvsim.rundir import OutDirError, check_out_dir
-
-    path = Path(path)
-    if path.is_dir():
-        raise OutDirError(f"--out {path}: is a directory; give the file to write")
-    if path.parent.exists() and not path.parent.is_dir():
-        raise OutDirError(f"--out {path}: {path.parent} is not a directory")
-    try:
-        check_out_dir(path.parent)
-    except OutDirError as exc:
-        raise OutDirError(f"--out {path}: {str(exc).removeprefix(f'--out {path.parent}: ')}") from None

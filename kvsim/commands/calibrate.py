@@ -33,14 +33,9 @@ def calibrate(
 
     The options, --out (a file that can be written) and the inputs are checked before the model loads.
     """
-    from kvsim.commands._options import (
-        OptionError,
-        check_out_file,
-        check_positive_ints,
-        check_range,
-    )
+    from kvsim.commands._options import OptionError, check_positive_ints, check_range
     from kvsim.commands.trace import batch_config, check_audio_inputs
-    from kvsim.rundir import OutDirError
+    from kvsim.rundir import OutDirError, check_out_file
     from kvsim.tracer.calibrate import TOKEN_SAMPLES, CalibrationConfig
 
     try:

@@ -71,8 +71,7 @@ def _checked_presets(base: str, model: str, out: Path, device: str, host_only: b
     """The GPU and model presets, after checking the options before any measurement: the
     presets exist, ``--device`` is usable (``--host-only``), else ``--out`` can be written as
     a file. One line and exit 2 otherwise."""
-    from kvsim.commands._options import check_out_file
-    from kvsim.rundir import OutDirError
+    from kvsim.rundir import OutDirError, check_out_file
     from kvsim.sim.presets import PresetError, gpu_preset, model_preset
     from kvsim.tracer.backbones.base import check_device_dtype
 

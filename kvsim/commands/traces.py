@@ -161,8 +161,7 @@ def _synth_target(out: Path, overwrite: bool) -> Path:
     and exit 2 when something is already there (a directory is replaced only with
     ``--overwrite``, anything else never), or when the nearest existing folder above it is
     not a writable directory."""
-    import os
-
+    from kvsim.rundir import OutDirError, check_creatable
     from kvsim.trace.writer import trace_path
 
     target = trace_path(out)
@@ -170,13 +169,10 @@ def _synth_target(out: Path, overwrite: bool) -> Path:
         fail(f"{target}: exists and is not a directory; not replaced")
     if target.exists() and not overwrite:
         fail(f"{target}: already exists; not replaced (--overwrite replaces it)")
-    probe = target.parent
-    while not probe.exists() and not probe.is_symlink():
-        probe = probe.parent
-    if not probe.is_dir():
-        fail(f"{target}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        fail(f"{target}: {probe} is not writable")
+    try:
+        check_creatable(target.parent, str(target))
+    except OutDirError as exc:
+        fail(exc)
     return target
 
 

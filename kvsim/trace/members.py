@@ -91,6 +91,14 @@ def read_member(path: Path, limit: int) -> bytes:
         return fh.read(limit)
 
 
+def read_text_member(path: Path, limit: int = MAX_JSON_BYTES) -> str:
+    """:func:`read_member` decoded as UTF-8; :class:`TraceError` ``not UTF-8 text`` too."""
+    try:
+        return read_member(path, limit).decode("utf-8")
+    except UnicodeDecodeError:
+        raise TraceError(str(path), "<file>", "not UTF-8 text") from None
+
+
 def member_sha256(path: Path, size: int) -> str:
     """Hex SHA-256 of the regular file ``path``, which must hold exactly ``size`` bytes."""
     h = hashlib.sha256()
