@@ -43,6 +43,7 @@ from .build import REPO_WEIGHTS, build_base, read_adapter, save_adapter, split_a
 from .data import parse_shard, read_manifest
 from .guided import AttentionProbe, GuideTargets, guided_loss, target_spans
 from .lora import LoRALinear, add_lora, load_lora_state, lora_state
+from .rollouts import Rollout, rollout_batch
 from .scheduled import mixed_batch
 from .wrong_passages import SOURCES, text_pool, wrong_passage_batch
 
@@ -117,6 +118,11 @@ class TrainConfig:
     # runs at every step instead of coming from the encoder cache.
     encoder_lora_layers: int = 0
     encoder_lora_rank: int = 8
+    # free-running rollouts (kvsim.minivox.rollouts): passages the model writes itself by
+    # greedy decoding at this many cuts of each long-form example, rollout_tokens tokens each,
+    # the reference resumed after them (0: teacher forcing)
+    rollouts: int = 0
+    rollout_tokens: int = 32
 
 
 def row_audio(row: dict) -> np.ndarray:
@@ -527,6 +533,7 @@ class StepResult:
     align_loss: float | None
     out_of_time: bool
     seconds: dict[str, float]
+    rollouts: tuple[Rollout, ...] = ()
 
 
 def ramp_factor(step: int, ramp_steps: int) -> float:
@@ -542,12 +549,20 @@ def train_step(model, proc, rows: list[dict], cache_dir: Path | None, cfg: Train
     ``cfg.sampled_share`` the inputs are mixed first (scheduled sampling, drawn from
     ``(seed, sub_batch)``), and with ``cfg.wrong_share`` blocks of them replaced by wrong
     passages (:mod:`kvsim.minivox.wrong_passages`; cut from ``pool`` when given); both shares
-    ramp up from 0 over ``cfg.augment_ramp`` steps (:func:`ramp_factor`)."""
+    ramp up from 0 over ``cfg.augment_ramp`` steps (:func:`ramp_factor`). With ``cfg.rollouts``
+    a batch of one example (a long-form step) first gets passages the model writes itself
+    (:mod:`kvsim.minivox.rollouts`, cut points drawn from ``(seed, sub_batch)``)."""
     t_step = time.perf_counter()
     ramp = ramp_factor(optimiser_step(sub_batch, cfg, world), cfg.augment_ramp)
+    rollouts: list[Rollout] = []
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
         batch = make_batch(model, proc, rows, cache_dir,
                            cfg.align_margin if probe is not None else None, cfg.align_end)
+        if cfg.rollouts > 0 and len(rows) == 1:
+            draw = torch.Generator().manual_seed(cfg.seed * 1_000_037 + sub_batch)
+            batch, rollouts = rollout_batch(
+                model, batch, begins_word(proc.tokenizer), cfg.rollouts, cfg.rollout_tokens,
+                draw, proc.tokenizer.convert_tokens_to_ids("<|im_end|>"))
         if cfg.sampled_share > 0:
             draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + sub_batch)
             batch = mixed_batch(model, batch, cfg.sampled_share * ramp, draw)
@@ -571,7 +586,13 @@ def train_step(model, proc, rows: list[dict], cache_dir: Path | None, cfg: Train
     t_end = time.perf_counter()
     return StepResult(loss_value, guided, bool(out_of_time),
                       {"s_batch": t_fwd - t_step, "s_fwd": t_bwd - t_fwd,
-                       "s_bwd": t_opt - t_bwd, "s_opt": t_end - t_opt})
+                       "s_bwd": t_opt - t_bwd, "s_opt": t_end - t_opt}, tuple(rollouts))
+
+
+def begins_word(tokenizer):
+    """``token_id -> bool``: whether the BPE token begins a word (a byte-level ``Ġ`` space
+    first, as SmolLM2's tokenizer writes a word after a space)."""
+    return lambda token: tokenizer.convert_ids_to_tokens(int(token)).startswith("Ġ")
 
 
 def check_training_options(cfg: TrainConfig) -> None:
@@ -588,6 +609,9 @@ def check_training_options(cfg: TrainConfig) -> None:
                          f"{', '.join(SOURCES)}, a weight >= 0 and a step count >= 0")
     if cfg.data_offset < 0:
         raise ValueError(f"--data-offset {cfg.data_offset}: a step count >= 0")
+    if cfg.rollouts < 0 or cfg.rollout_tokens < 1:
+        raise ValueError(f"--rollouts {cfg.rollouts} / --rollout-tokens {cfg.rollout_tokens}: "
+                         "a count >= 0 and a length of at least one token")
     if cfg.encoder_lora_layers < 0 or cfg.encoder_lora_rank < 1:
         raise ValueError(f"--encoder-lora-layers {cfg.encoder_lora_layers} / --encoder-lora-rank "
                          f"{cfg.encoder_lora_rank}: a layer count >= 0 and a rank >= 1")
@@ -710,6 +734,8 @@ def record_step(run: Path, log, cfg: TrainConfig, model, proc, dev_rows: list[di
            **res.seconds, "world": world}
     if res.align_loss is not None:
         rec["align_loss"] = res.align_loss  # this rank's sub-batch
+    if res.rollouts:  # this rank's: how each written passage left the reference
+        rec["rollouts"] = [[r.cut, len(r.written), r.resume - r.cut] for r in res.rollouts]
     if step % cfg.eval_every == 0 or step == cfg.steps:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             wer, hyps = dev_wer(model, proc, dev_rows)
