@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from kvsim.hf import cache_kwargs
+
 from .guided import GuideTargets
 
 if TYPE_CHECKING:
@@ -104,7 +106,7 @@ class GreedyWriter:
         up to ``tokens`` tokens greedily (fewer when the end token comes first)."""
         if transcript[:len(self.fed)] != self.fed:
             raise ValueError("the transcript must extend what was fed before")
-        table = self.model.get_input_embeddings()
+        table, decoder = self.model.get_input_embeddings(), self.model.model.language_model
         new = transcript[len(self.fed):]
         x = torch.cat([self.pending, table(torch.tensor([new], dtype=torch.long))
                        .to(self.pending.dtype)], dim=1)
@@ -113,8 +115,7 @@ class GreedyWriter:
         self.fed, self.pending = list(transcript), x[:, :0]
         written: list[int] = []
         while len(written) < tokens:
-            out = self.model.model.language_model(inputs_embeds=x, past_key_values=self.cache,
-                                                  use_cache=True)
+            out = decoder(inputs_embeds=x, use_cache=True, **cache_kwargs(decoder, self.cache))
             token = int(self.model.lm_head(out.last_hidden_state[0, -1]).argmax())
             if token == self.end_id:
                 break

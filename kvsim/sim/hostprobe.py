@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
+from kvsim.hf import cache_kwargs
+
 _VIEW_OPS = {
     "view", "_unsafe_view", "transpose", "t", "unsqueeze", "squeeze", "expand", "slice",
     "select", "reshape", "permute", "alias", "as_strided", "detach", "lift_fresh", "split",
@@ -80,7 +82,7 @@ def _forward_loop(model, ctx: int, steps: int):
         times = []
         for _ in range(steps):
             t0 = time.perf_counter()
-            out = model(input_ids=tok, past_key_values=cache, use_cache=True)
+            out = model(input_ids=tok, use_cache=True, **cache_kwargs(model, cache))
             tok = out.logits[:, -1:].argmax(-1)
             _ = int(tok)
             times.append(time.perf_counter() - t0)
@@ -94,7 +96,7 @@ def _forward_loop(model, ctx: int, steps: int):
                 return func(*args, **(kwargs or {}))
 
         with _Count():
-            out = model(input_ids=tok, past_key_values=cache, use_cache=True)
+            out = model(input_ids=tok, use_cache=True, **cache_kwargs(model, cache))
             _ = int(out.logits[:, -1:].argmax(-1))
     times.sort()
     n_ops = sum(counts.values())
