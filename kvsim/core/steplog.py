@@ -13,7 +13,7 @@ that step ``s + 1`` starts from.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,22 +36,29 @@ STEP_LOG_COLUMNS: dict[str, pl.DataType] = {
 }
 
 
+def _at_least(low: float):
+    """A required dataclass field whose value must be finite and at least ``low``."""
+    return field(metadata={"min": low})
+
+
 @dataclass(frozen=True)
 class RunFacts:
-    """What the simulator needs to know about the run that produced a step log."""
+    """What the simulator needs to know about the run that produced a step log. A number's
+    lowest valid value is its field's ``metadata["min"]`` (checked when read from JSON,
+    :func:`kvsim.sim.workload.facts_from_json`)."""
 
     model: str
-    n_layers: int
-    n_q_heads: int
-    n_kv_heads: int
-    head_dim: int
-    dtype_bytes: int
-    n_audio: int
-    n_prefill: int
-    n_decode: int
+    n_layers: int = _at_least(1)
+    n_q_heads: int = _at_least(1)
+    n_kv_heads: int = _at_least(1)
+    head_dim: int = _at_least(1)
+    dtype_bytes: int = _at_least(1)
+    n_audio: int = _at_least(0)
+    n_prefill: int = _at_least(0)
+    n_decode: int = _at_least(0)
     policy: str
-    budget: float
-    audio_tokens_per_s: float
+    budget: float = _at_least(0)
+    audio_tokens_per_s: float = _at_least(0)
 
     @property
     def kv_bytes_per_head_token(self) -> int:

@@ -9,7 +9,8 @@ It is built from a replay step log (:func:`from_step_log`, columns of
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import get_type_hints
 
 import numpy as np
 import polars as pl
@@ -51,25 +52,18 @@ class StepWorkload:
         return self.h2d_tokens_by_layer.sum(axis=1) * self.facts.kv_bytes_per_head_token
 
 
-#: RunFacts fields: (type, lowest value) checked by :func:`facts_from_json`.
-_FACT_FIELDS: dict[str, tuple[type, float | None]] = {
-    "model": (str, None), "n_layers": (int, 1), "n_q_heads": (int, 1), "n_kv_heads": (int, 1),
-    "head_dim": (int, 1), "dtype_bytes": (int, 1), "n_audio": (int, 0), "n_prefill": (int, 0),
-    "n_decode": (int, 0), "policy": (str, None), "budget": (float, 0),
-    "audio_tokens_per_s": (float, 0),
-}
-
-
 def facts_from_json(data: object) -> RunFacts:
     """RunFacts from a parsed JSON object (the ``.json`` beside a step log), every field
     checked: present, of its JSON type (``bool`` is no number), finite and in range.
     Raises :class:`WorkloadError` ``field 'x': ...`` (the caller adds the file)."""
     if not isinstance(data, dict):
         raise WorkloadError(f"not a JSON object of RunFacts fields (got {type(data).__name__})")
-    unknown = sorted(set(data) - set(_FACT_FIELDS))
+    types = get_type_hints(RunFacts)
+    unknown = sorted(set(data) - set(types))
     if unknown:
         raise WorkloadError(f"field {unknown[0]!r}: not a RunFacts field")
-    for name, (kind, low) in _FACT_FIELDS.items():
+    for f in fields(RunFacts):
+        name, kind, low = f.name, types[f.name], f.metadata.get("min")
         if name not in data:
             raise WorkloadError(f"field {name!r}: missing")
         value = data[name]
