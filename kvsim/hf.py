@@ -6,9 +6,9 @@ import inspect
 from typing import Any
 
 
-def cache_kwargs(module: Any, cache: Any) -> dict[str, Any]:
-    """The keyword that hands ``cache`` (a ``transformers.Cache``) to ``module``'s forward:
-    ``cache`` where the forward takes it (transformers 5.25 on; ``past_key_values`` is
-    deprecated there), ``past_key_values`` before."""
+def cache_keyword(module: Any) -> str:
+    """The keyword that hands a ``transformers.Cache`` to ``module``'s forward: ``cache`` where
+    the forward takes it (transformers 5.25 on; ``past_key_values`` is deprecated there),
+    ``past_key_values`` before. Look it up once, outside a decoding loop."""
     params = inspect.signature(module.forward).parameters
-    return {"cache" if "cache" in params else "past_key_values": cache}
+    return "cache" if "cache" in params else "past_key_values"

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from kvsim.hf import cache_kwargs
+from kvsim.hf import cache_keyword
 
 from .guided import GuideTargets
 
@@ -72,6 +72,12 @@ def cut_points(word_start: torch.Tensor, count: int, tokens: int,
     return sorted(chosen)
 
 
+def begins_word(tokenizer):
+    """``token_id -> bool``: whether the BPE token begins a word (a byte-level ``Ġ`` space
+    first, as SmolLM2's tokenizer writes a word after a space)."""
+    return lambda token: tokenizer.convert_ids_to_tokens(int(token)).startswith("Ġ")
+
+
 class Writer(Protocol):
     """Greedy decoding over a transcript fed piece by piece (:class:`GreedyWriter`)."""
 
@@ -99,6 +105,7 @@ class GreedyWriter:
         self.pending = prompt_embeds.detach()
         self.cache = DynamicCache()
         self.fed: list[int] = []
+        self.cache_kw = cache_keyword(model.model.language_model)
 
     @torch.no_grad()
     def write(self, transcript: list[int], tokens: int) -> list[int]:
@@ -115,7 +122,7 @@ class GreedyWriter:
         self.fed, self.pending = list(transcript), x[:, :0]
         written: list[int] = []
         while len(written) < tokens:
-            out = decoder(inputs_embeds=x, use_cache=True, **cache_kwargs(decoder, self.cache))
+            out = decoder(inputs_embeds=x, use_cache=True, **{self.cache_kw: self.cache})
             token = int(self.model.lm_head(out.last_hidden_state[0, -1]).argmax())
             if token == self.end_id:
                 break

@@ -43,7 +43,7 @@ from .build import REPO_WEIGHTS, build_base, read_adapter, save_adapter, split_a
 from .data import parse_shard, read_manifest
 from .guided import AttentionProbe, GuideTargets, guided_loss, target_spans
 from .lora import LoRALinear, add_lora, load_lora_state, lora_state
-from .rollouts import Rollout, rollout_batch
+from .rollouts import Rollout, begins_word, rollout_batch
 from .scheduled import mixed_batch
 from .wrong_passages import SOURCES, text_pool, wrong_passage_batch
 
@@ -587,12 +587,6 @@ def train_step(model, proc, rows: list[dict], cache_dir: Path | None, cfg: Train
     return StepResult(loss_value, guided, bool(out_of_time),
                       {"s_batch": t_fwd - t_step, "s_fwd": t_bwd - t_fwd,
                        "s_bwd": t_opt - t_bwd, "s_opt": t_end - t_opt}, tuple(rollouts))
-
-
-def begins_word(tokenizer):
-    """``token_id -> bool``: whether the BPE token begins a word (a byte-level ``Ġ`` space
-    first, as SmolLM2's tokenizer writes a word after a space)."""
-    return lambda token: tokenizer.convert_ids_to_tokens(int(token)).startswith("Ġ")
 
 
 def check_training_options(cfg: TrainConfig) -> None:

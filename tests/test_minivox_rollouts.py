@@ -11,13 +11,14 @@ import torch
 from kvsim.minivox.guided import GuideTargets
 from kvsim.minivox.rollouts import (
     GreedyWriter,
+    begins_word,
     cut_points,
     resume_index,
     roll_out,
     rollout_batch,
     rollout_guides,
 )
-from kvsim.minivox.train import Batch, TrainConfig, begins_word, check_training_options
+from kvsim.minivox.train import Batch, TrainConfig, check_training_options
 
 REF = list(range(100, 160))  # a reference of 60 distinct tokens
 

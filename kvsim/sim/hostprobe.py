@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from kvsim.hf import cache_kwargs
+from kvsim.hf import cache_keyword
 
 _VIEW_OPS = {
     "view", "_unsafe_view", "transpose", "t", "unsqueeze", "squeeze", "expand", "slice",
@@ -74,19 +74,21 @@ def _build(n_layers: int, n_q: int, n_kv: int, attn: str):
 def _forward_loop(model, ctx: int, steps: int):
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import DynamicCache
 
     ids = torch.randint(0, 256, (1, ctx), device=model.device)
+    cache_kw = cache_keyword(model)  # outside the timed steps
+    cache = DynamicCache()  # filled in place by every forward below
     with torch.no_grad():
-        out = model(input_ids=ids, use_cache=True)
-        cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        out = model(input_ids=ids, use_cache=True, **{cache_kw: cache})
+        tok = out.logits[:, -1:].argmax(-1)
         times = []
         for _ in range(steps):
             t0 = time.perf_counter()
-            out = model(input_ids=tok, use_cache=True, **cache_kwargs(model, cache))
+            out = model(input_ids=tok, use_cache=True, **{cache_kw: cache})
             tok = out.logits[:, -1:].argmax(-1)
             _ = int(tok)
             times.append(time.perf_counter() - t0)
-            cache = out.past_key_values
         counts: dict[str, int] = {}
 
         class _Count(TorchDispatchMode):
@@ -96,7 +98,7 @@ def _forward_loop(model, ctx: int, steps: int):
                 return func(*args, **(kwargs or {}))
 
         with _Count():
-            out = model(input_ids=tok, use_cache=True, **cache_kwargs(model, cache))
+            out = model(input_ids=tok, use_cache=True, **{cache_kw: cache})
             _ = int(out.logits[:, -1:].argmax(-1))
     times.sort()
     n_ops = sum(counts.values())
