@@ -86,13 +86,13 @@ def split_items(args: list[str], flag: str, what: str) -> list[str]:
     """The comma-separated items of an option's values ``args``, stripped. ValueError naming
     ``flag`` when there is no item at all (``-p ''``, ``-p ,``) or an empty one among others
     (``-b 0.2,,0.4``: a mistyped list is not read as a shorter one)."""
-    items = [x.strip() for arg in args for x in arg.split(",")]
-    if not any(items):
+    per_arg = [[x.strip() for x in arg.split(",")] for arg in args]
+    if not any(x for items in per_arg for x in items):
         raise ValueError(f"no {what} given ({flag})")
-    for arg in args:
-        if not all(x.strip() for x in arg.split(",")):
+    for arg, items in zip(args, per_arg, strict=True):
+        if not all(items):
             raise ValueError(f"{flag} {arg!r}: empty item (two commas in a row, or one at an end)")
-    return items
+    return [x for items in per_arg for x in items]
 
 
 def default_trace_dir() -> Path:
