@@ -9,7 +9,10 @@ Prints per-clip WER, decode ms/token and per-split corpus WER. Decoding is greed
 paper's evaluation; ``--no-repeat-ngram N`` (off by default) is an experiment, not the
 protocol: greedy decoding that never writes an n-gram of N tokens twice (Hugging Face's
 ``no_repeat_ngram_size``), so it cannot repeat itself token for token (minivox's loops then
-come back as paraphrases: docs/minivox.md, "Where the long-form errors are").
+come back as paraphrases: docs/minivox.md, "Where the long-form errors are"). ``--read-window
+BEHIND,AHEAD,STALL`` (off by default) is another: greedy decoding with the aligning layers
+reading only a window of the audio around their read position
+(:mod:`kvsim.minivox.read_window`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,13 @@ from kvsim.wer import average_wer, corpus_wer, truncated_wer
 from . import load_minivox, minivox_dir
 from .augment import resample_speed
 from .data import parse_shard, read_manifest
+from .read_window import (
+    ReadPastEnd,
+    ReadWindow,
+    ReadWindowConfig,
+    reading_with,
+    register_read_window,
+)
 
 
 def generation_options(no_repeat_ngram: int = 0) -> dict:
@@ -50,7 +60,8 @@ class EvalOptions:
     plays it as recorded); ``no_repeat_ngram``: see :func:`generation_options`;
     ``chunk_seconds`` > 0: a diagnostic, not the model's protocol: every clip cut into pieces
     of that many seconds, each decoded on its own, the transcripts joined
-    (:func:`audio_pieces`); 0 decodes the whole clip at once.
+    (:func:`audio_pieces`); 0 decodes the whole clip at once; ``read_window``: decode with
+    the aligning layers' read window (:mod:`kvsim.minivox.read_window`; None: plain greedy).
     """
 
     limit: int | None = None
@@ -59,6 +70,7 @@ class EvalOptions:
     speed: float = 1.0
     no_repeat_ngram: int = 0
     chunk_seconds: float = 0.0
+    read_window: ReadWindowConfig | None = None
 
     def rows(self, data: Path, split: str) -> list[dict]:
         """The manifest rows to decode; ValueError naming an id the split does not hold."""
@@ -83,25 +95,58 @@ def audio_pieces(audio: np.ndarray, chunk_seconds: float, rate: int = 16000) -> 
     return np.split(audio, cuts)
 
 
+@dataclass
+class Decoded:
+    """One clip's transcript and what its decoding took."""
+
+    text: str
+    n_gen: int  #: generated tokens
+    n_prompt: int  #: prompt tokens (of the longest piece)
+    read_forced: int = 0  #: forced steps of the read window (all pieces)
+    read_stopped: bool = False  #: a read window left the audio and stopped its decoding
+
+
 def decode_clip(model, proc, audio: np.ndarray, ref_words: int, opts: EvalOptions,
-                options: dict) -> tuple[str, int, int]:
-    """Greedy transcript of one clip (or of its pieces, joined); returns the transcript, the
-    generated tokens and the prompt tokens (of the longest piece)."""
-    pieces = audio_pieces(audio, opts.chunk_seconds)
-    texts, n_gen, n_prompt = [], 0, 0
-    for piece in pieces:
+                options: dict) -> Decoded:
+    """Greedy transcript of one clip (or of its pieces, joined)."""
+    out = Decoded("", 0, 0)
+    texts = []
+    for piece in audio_pieces(audio, opts.chunk_seconds):
         inp = proc(audio=piece)
         n_in = inp["input_ids"].shape[1]
         # enough tokens for 1.2x the reference words (the WER truncation) at ~1.4 tokens/word,
         # a piece's share of them by its share of the audio
         max_new = int(ref_words * piece.size / audio.size * 1.7) + 10
         with torch.no_grad():
-            res = model.generate(**inp, max_new_tokens=max_new, **options)
+            if opts.read_window is None:
+                res = model.generate(**inp, max_new_tokens=max_new, **options)
+            else:
+                window = ReadWindow.for_inputs(opts.read_window, inp["input_ids"], proc.audio_token_id)
+                with reading_with(window):
+                    res = model.generate(**inp, max_new_tokens=max_new,
+                                         stopping_criteria=ReadPastEnd.criteria(window), **options)
+                out.read_forced += window.reading.forced
+                out.read_stopped |= window.reading.past_end
         gen = res[0, n_in:]
         texts.append(proc.decode(gen))
-        n_gen += int(gen.numel())
-        n_prompt = max(n_prompt, n_in)
-    return " ".join(t.strip() for t in texts).strip(), n_gen, n_prompt
+        out.n_gen += int(gen.numel())
+        out.n_prompt = max(out.n_prompt, n_in)
+    out.text = " ".join(t.strip() for t in texts).strip()
+    return out
+
+
+def load_for(adapter: Path | None, opts: EvalOptions):
+    """minivox and its processor, the decoder's attention the read window's with one."""
+    kwargs = {}
+    if opts.read_window is not None:
+        kwargs["attn_implementation"] = {"text_config": register_read_window()}
+    model, proc = load_minivox(minivox_dir(adapter), **kwargs)
+    if opts.read_window is not None:
+        n_layers = model.config.text_config.num_hidden_layers
+        if max(opts.read_window.layers) >= n_layers:
+            raise ValueError(f"read window: layer {max(opts.read_window.layers)} of a "
+                             f"{n_layers}-layer decoder")
+    return model, proc
 
 
 def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | None,
@@ -115,7 +160,7 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | No
     if opts.chunk_seconds < 0:
         raise ValueError(f"--chunk-seconds {opts.chunk_seconds}: 0 (whole clips) or more")
     selected = {split: opts.rows(data, split) for split in splits}  # bad options fail first
-    model, proc = load_minivox(minivox_dir(adapter))
+    model, proc = load_for(adapter, opts)
     results: dict[str, float] = {}
     fh = out.open("w") if out else None
     for split, rows in selected.items():
@@ -124,16 +169,19 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | No
             audio, _ = sf.read(r["abs_path"], dtype="float32")
             audio = resample_speed(audio, opts.speed)
             t0 = time.perf_counter()
-            hyp, n_gen, n_in = decode_clip(model, proc, audio, len(r["text"].split()), opts, options)
+            dec = decode_clip(model, proc, audio, len(r["text"].split()), opts, options)
             wall = time.perf_counter() - t0
+            hyp, n_gen = dec.text, dec.n_gen
             scores = truncated_wer(hyp, r["text"], proc.tokenizer)
             clip_scores.append(scores)
             w = scores.wer
             rec = {"split": split, "id": r["id"], "duration": r["duration"], "wer": w,
                    "errors": scores.errors, "ref_words": scores.ref_words,
-                   "n_prompt": n_in, "n_gen": n_gen, "wall_s": wall,
+                   "n_prompt": dec.n_prompt, "n_gen": n_gen, "wall_s": wall,
                    "no_repeat_ngram": opts.no_repeat_ngram, "speed": opts.speed,
                    "chunk_seconds": opts.chunk_seconds,
+                   "read_window": opts.read_window.spec() if opts.read_window else None,
+                   "read_forced": dec.read_forced, "read_stopped": dec.read_stopped,
                    "ref": r["text"], "hyp": hyp}
             print(f"{split} {r['id']} {r['duration']:.0f}s WER {w:.3f} gen {n_gen} tok "
                   f"in {wall:.1f}s", flush=True)
@@ -224,6 +272,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chunk-seconds", type=float, default=0.0, metavar="S",
                     help="a diagnostic: decode every clip in pieces of S seconds, each on its own, "
                     "and join the transcripts (default 0: the whole clip at once, the protocol)")
+    ap.add_argument("--read-window", default=None, metavar="BEHIND,AHEAD,STALL",
+                    help="an experiment: the aligning decoder layers read only the audio from "
+                    "BEHIND s behind to AHEAD s ahead of their read position, pushed forward after "
+                    "STALL tokens without a move (e.g. 2,3,8; default: plain greedy, the protocol)")
     ap.add_argument("--summarise", nargs="*", type=Path, default=None,
                     help="only print corpus WER per split from these --out files")
     a = ap.parse_args(argv)
@@ -233,10 +285,12 @@ def main(argv: list[str] | None = None) -> None:
         except (ValueError, FileNotFoundError) as exc:
             sys.exit(f"error: {exc}")
         return
-    opts = EvalOptions(limit=a.limit, shard=a.shard, speed=a.speed, no_repeat_ngram=a.no_repeat_ngram,
-                       ids=frozenset(a.ids.split(",")) if a.ids else None,
-                       chunk_seconds=a.chunk_seconds)
     try:
+        opts = EvalOptions(limit=a.limit, shard=a.shard, speed=a.speed,
+                           no_repeat_ngram=a.no_repeat_ngram,
+                           ids=frozenset(a.ids.split(",")) if a.ids else None,
+                           chunk_seconds=a.chunk_seconds,
+                           read_window=ReadWindowConfig.parse(a.read_window) if a.read_window else None)
         res = evaluate(a.data, a.splits, a.adapter, a.out, opts)
     except (ValueError, FileNotFoundError) as exc:
         sys.exit(f"error: {exc}")
