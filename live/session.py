@@ -34,7 +34,7 @@ import torch
 
 from kvsim.core.invariants import InvariantViolation, check_tiers
 from kvsim.core.views import WindowPrefillView
-from kvsim.live.attention import (
+from kvsim.decode_attention import (
     masked_attention_probs,
     masked_decode_attention,
     stock_attention,

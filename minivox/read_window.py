@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from kvsim.live.attention import masked_attention_probs, masked_decode_attention
+from kvsim.decode_attention import masked_attention_probs, masked_decode_attention, stock_attention
 
 from .modeling import AUDIO_TOKENS_PER_SECOND
 
@@ -171,7 +171,7 @@ class ReadWindow:
         """One layer's attention call: stock sdpa except at the aligning layers' decode steps."""
         layer = getattr(module, "layer_idx", None)
         if query.shape[2] != 1 or layer not in self.config.layers:
-            return _stock(module, query, key, value, attention_mask, **kwargs)
+            return stock_attention(module, query, key, value, attention_mask, **kwargs)
         scaling = kwargs.get("scaling") or module.scaling
         keep = self.keep(key.shape[1], key.shape[2])
         audio = slice(self.audio_start, self.audio_start + self.reading.n_audio)
@@ -181,14 +181,8 @@ class ReadWindow:
             self.reading.advance(int(self._attention.argmax()))
             self._attention = None
         if keep is None:  # the stock path: bit-identical to plain decoding
-            return _stock(module, query, key, value, attention_mask, **kwargs)
+            return stock_attention(module, query, key, value, attention_mask, **kwargs)
         return masked_decode_attention(query, key, value, keep, scaling), None
-
-
-def _stock(module, query, key, value, attention_mask, **kwargs):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
 class ReadPastEnd(StoppingCriteria):
@@ -217,7 +211,7 @@ def register_read_window() -> str:
         def read_window_attention(module, query, key, value, attention_mask, **kwargs):
             window = ACTIVE.get()
             if window is None:
-                return _stock(module, query, key, value, attention_mask, **kwargs)
+                return stock_attention(module, query, key, value, attention_mask, **kwargs)
             return window.attention(module, query, key, value, attention_mask, **kwargs)
 
         AttentionInterface.register(READ_WINDOW_ATTN, read_window_attention)

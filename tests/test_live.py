@@ -9,7 +9,7 @@ import torch
 
 from kvsim.core.attention import gqa_logits, softmax_
 from kvsim.core.steplog import STEP_LOG_COLUMNS
-from kvsim.live.attention import masked_attention_probs, masked_decode_attention
+from kvsim.decode_attention import masked_attention_probs, masked_decode_attention
 from kvsim.live.decode import LiveConfig, live_generate, plain_generate
 from kvsim.live.models import TinyBackbone, TinyConfig
 from kvsim.policies import registry

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvsim.live.attention import masked_decode_attention
+from kvsim.decode_attention import masked_decode_attention
 from kvsim.minivox.evaluate import EvalOptions, decode_clip, generation_options, main
 from kvsim.minivox.modeling import AUDIO_TOKENS_PER_SECOND
 from kvsim.minivox.read_window import (
