@@ -19,6 +19,7 @@ read.
 from __future__ import annotations
 
 import contextvars
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -61,7 +62,7 @@ class ReadWindowConfig:
     layers: tuple[int, ...] = (20, 21, 22, 23)
 
     def __post_init__(self) -> None:
-        if self.behind_s < 0 or self.ahead_s <= 0:
+        if not (0 <= self.behind_s < math.inf and 0 < self.ahead_s < math.inf):
             raise ValueError(f"read window: behind {self.behind_s} s must be >= 0 and ahead "
                              f"{self.ahead_s} s > 0")
         if self.stall_tokens < 1:

@@ -192,7 +192,7 @@ def test_for_inputs_needs_one_contiguous_run_of_audio_tokens():
 
 @pytest.mark.parametrize("spec, message", [
     ("2,3", "BEHIND,AHEAD,STALL"), ("2,x,8", "could not convert"), ("2,3,0", "stall"),
-    ("-1,3,8", "behind"), ("2,0,8", "ahead"),
+    ("-1,3,8", "behind"), ("2,0,8", "ahead"), ("nan,3,8", "behind"), ("2,inf,8", "ahead"),
 ])
 def test_read_window_spec_errors_name_the_option(spec, message):
     with pytest.raises(ValueError, match=message):
