@@ -1,14 +1,19 @@
 """Decode-step attention functions for transformers' attention interface (torch).
 
 Shared by the live policies (:mod:`kvsim.live`) and minivox's read window
-(:mod:`kvsim.minivox.read_window`): the stock sdpa function, and the attention of one decode
-query with a boolean keep-mask of shape (H_kv, N), which gives exactly zero attention mass to
-the positions it drops; q-head ``h`` reads KV-head ``h // (H_q / H_kv)``.
+(:mod:`kvsim.minivox.read_window`): the stock sdpa function, a registered attention function
+that hands each decoder layer's call to the handler active in the current thread, and the
+attention of one decode query with a boolean keep-mask of shape (H_kv, N), which gives exactly
+zero attention mass to the positions it drops; q-head ``h`` reads KV-head ``h // (H_q / H_kv)``.
 """
 
 from __future__ import annotations
 
+import contextvars
+
 import torch
+
+_REGISTERED: set[str] = set()
 
 
 def stock_attention(module, query, key, value, attention_mask, **kwargs):
@@ -16,6 +21,32 @@ def stock_attention(module, query, key, value, attention_mask, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def register_dispatching_attention(name: str, active: contextvars.ContextVar) -> str:
+    """Register under ``name`` an attention function that hands every decoder layer's call to
+    ``active.get().attention(module, layer, query, key, value, attention_mask, **kwargs)``, and
+    runs :func:`stock_attention` when nothing is active or the module is no decoder layer (no
+    ``layer_idx``: an audio encoder's attention). sdpa's mask function is registered under the
+    same name, so padded inputs keep their mask (transformers routes the mask by the name).
+    Idempotent; returns ``name`` (for ``attn_implementation``).
+    """
+    if name in _REGISTERED:
+        return name
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    def dispatching_attention(module, query, key, value, attention_mask, **kwargs):
+        handler = active.get()
+        layer = getattr(module, "layer_idx", None)
+        if handler is None or layer is None:
+            return stock_attention(module, query, key, value, attention_mask, **kwargs)
+        return handler.attention(module, layer, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(name, dispatching_attention)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    _REGISTERED.add(name)
+    return name
 
 
 def masked_decode_attention(

@@ -19,30 +19,14 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+from kvsim.decode_attention import register_dispatching_attention
+
 LIVE_ATTN = "kvsim_live"
 
 #: The session driving the attention calls of the current thread (None: plain sdpa).
 ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("kvsim_live_session", default=None)
-_REGISTERED = False
 
 
 def register_live_attention() -> str:
     """Register the live attention function and its mask function (idempotent)."""
-    global _REGISTERED
-    if _REGISTERED:
-        return LIVE_ATTN
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import sdpa_mask
-
-    def live_attention(module, query, key, value, attention_mask, **kwargs):
-        session = ACTIVE.get()
-        layer = getattr(module, "layer_idx", None)
-        if session is None or layer is None:
-            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-        return session.attention(module, layer, query, key, value, attention_mask, **kwargs)
-
-    AttentionInterface.register(LIVE_ATTN, live_attention)
-    AttentionMaskInterface.register(LIVE_ATTN, sdpa_mask)
-    _REGISTERED = True
-    return LIVE_ATTN
+    return register_dispatching_attention(LIVE_ATTN, ACTIVE)

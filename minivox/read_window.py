@@ -27,7 +27,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from kvsim.decode_attention import masked_attention_probs, masked_decode_attention, stock_attention
+from kvsim.decode_attention import (
+    masked_attention_probs,
+    masked_decode_attention,
+    register_dispatching_attention,
+    stock_attention,
+)
 
 from .modeling import AUDIO_TOKENS_PER_SECOND
 
@@ -37,7 +42,6 @@ READ_WINDOW_ATTN = "minivox_read_window"
 #: The window driving the attention calls of the current thread (None: plain sdpa).
 ACTIVE: contextvars.ContextVar[ReadWindow | None] = contextvars.ContextVar(
     "minivox_read_window", default=None)
-_REGISTERED = False
 
 
 @dataclass(frozen=True)
@@ -168,9 +172,9 @@ class ReadWindow:
         keep[:, self.audio_start + hi: self.audio_start + self.reading.n_audio] = False
         return keep
 
-    def attention(self, module, query, key, value, attention_mask, **kwargs):
-        """One layer's attention call: stock sdpa except at the aligning layers' decode steps."""
-        layer = getattr(module, "layer_idx", None)
+    def attention(self, module, layer: int, query, key, value, attention_mask, **kwargs):
+        """Decoder layer ``layer``'s attention call: stock sdpa except at the aligning layers'
+        decode steps."""
         if query.shape[2] != 1 or layer not in self.config.layers:
             return stock_attention(module, query, key, value, attention_mask, **kwargs)
         scaling = kwargs.get("scaling") or module.scaling
@@ -204,21 +208,7 @@ class ReadPastEnd(StoppingCriteria):
 def register_read_window() -> str:
     """Register the read-window attention function (and sdpa's mask under its name);
     idempotent. Returns the name to pass as ``attn_implementation={"text_config": name}``."""
-    global _REGISTERED
-    if not _REGISTERED:
-        from transformers import AttentionInterface, AttentionMaskInterface
-        from transformers.masking_utils import sdpa_mask
-
-        def read_window_attention(module, query, key, value, attention_mask, **kwargs):
-            window = ACTIVE.get()
-            if window is None:
-                return stock_attention(module, query, key, value, attention_mask, **kwargs)
-            return window.attention(module, query, key, value, attention_mask, **kwargs)
-
-        AttentionInterface.register(READ_WINDOW_ATTN, read_window_attention)
-        AttentionMaskInterface.register(READ_WINDOW_ATTN, sdpa_mask)
-        _REGISTERED = True
-    return READ_WINDOW_ATTN
+    return register_dispatching_attention(READ_WINDOW_ATTN, ACTIVE)
 
 
 @contextmanager

@@ -85,15 +85,15 @@ def test_aligning_layer_decode_step_reads_the_window_and_moves_the_position():
     q, k = _spiked_keys(n_keys, at=2 + 9)  # audio token 9, inside the first window
     v = torch.randn(1, 2, n_keys, 4, generator=torch.Generator().manual_seed(1))
     keep = w.keep(2, n_keys)
-    out, _ = w.attention(_layer(1), q, k, v, None, scaling=0.5)
+    out, _ = w.attention(_layer(1), 1, q, k, v, None, scaling=0.5)
     assert torch.equal(out, masked_decode_attention(q, k, v, keep, 0.5))
     assert w.reading.position == 0  # moved only after the last aligning layer
-    w.attention(_layer(2), q, k, v, None, scaling=0.5)
+    w.attention(_layer(2), 2, q, k, v, None, scaling=0.5)
     assert w.reading.position == 9 and w.reading.path == [9]
     # a peak outside the window cannot pull the reading there: audio token 40 is masked
     q, k = _spiked_keys(n_keys, at=2 + 40)
     for layer in (1, 2):
-        w.attention(_layer(layer), q, k, v, None, scaling=0.5)
+        w.attention(_layer(layer), layer, q, k, v, None, scaling=0.5)
     assert w.reading.position <= 9 + round(1.0 * AUDIO_TOKENS_PER_SECOND)
 
 
@@ -115,12 +115,12 @@ def test_the_peak_is_of_the_head_mean_summed_over_the_aligning_layers():
     # head mean peaks at 5 (the strongest single head at 8)
     w = ReadWindow(ReadWindowConfig(behind_s=5, ahead_s=5, layers=(1,)), audio_start=2, n_audio=60)
     q, k = _two_targets([4.1, 4.1, 4.1, -12.0])
-    w.attention(_layer(1), q, k, v, None, scaling=0.5)
+    w.attention(_layer(1), 1, q, k, v, None, scaling=0.5)
     assert w.reading.position == 5
     # layer 1 sure of token 5, layer 2 less sure of 8: their sum peaks at 5
     w = ReadWindow(ReadWindowConfig(behind_s=5, ahead_s=5, layers=(1, 2)), audio_start=2, n_audio=60)
-    w.attention(_layer(1), *_two_targets([12.0] * 4), v, None, scaling=0.5)
-    w.attention(_layer(2), *_two_targets([-4.1] * 4), v, None, scaling=0.5)
+    w.attention(_layer(1), 1, *_two_targets([12.0] * 4), v, None, scaling=0.5)
+    w.attention(_layer(2), 2, *_two_targets([-4.1] * 4), v, None, scaling=0.5)
     assert w.reading.position == 5
 
 
@@ -131,11 +131,11 @@ def test_other_layers_and_the_prefill_run_stock_sdpa():
     q, k = _spiked_keys(210, at=150)
     v = torch.randn(1, 2, 210, 4, generator=torch.Generator().manual_seed(2))
     stock, _ = sdpa_attention_forward(_layer(0), q, k, v, None, scaling=0.5)
-    out, _ = w.attention(_layer(0), q, k, v, None, scaling=0.5)
+    out, _ = w.attention(_layer(0), 0, q, k, v, None, scaling=0.5)
     assert torch.equal(out, stock)
     prefill_q = torch.ones(1, 4, 5, 4)
     stock, _ = sdpa_attention_forward(_layer(1), prefill_q, k, v, None, scaling=0.5)
-    out, _ = w.attention(_layer(1), prefill_q, k, v, None, scaling=0.5)
+    out, _ = w.attention(_layer(1), 1, prefill_q, k, v, None, scaling=0.5)
     assert torch.equal(out, stock)
     assert w.reading.path == []
 
