@@ -12,7 +12,9 @@ protocol: greedy decoding that never writes an n-gram of N tokens twice (Hugging
 come back as paraphrases: docs/minivox.md, "Where the long-form errors are"). ``--read-window
 BEHIND,AHEAD,STALL`` (off by default) is another: greedy decoding with the aligning layers
 reading only a window of the audio around their read position
-(:mod:`kvsim.minivox.read_window`).
+(:mod:`kvsim.minivox.read_window`); ``--ban-cycles MAX_PERIOD,REPEATS`` (off by default) is a
+third: greedy decoding that may not write a short cycle of tokens more than REPEATS times in a
+row (:mod:`kvsim.minivox.cycle_ban`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from kvsim.wer import average_wer, corpus_wer, truncated_wer
 
 from . import load_minivox, minivox_dir
 from .augment import resample_speed
+from .cycle_ban import CycleBan, CycleBanConfig
 from .data import parse_shard, read_manifest
 from .read_window import (
     ReadPastEnd,
@@ -61,7 +64,8 @@ class EvalOptions:
     ``chunk_seconds`` > 0: a diagnostic, not the model's protocol: every clip cut into pieces
     of that many seconds, each decoded on its own, the transcripts joined
     (:func:`audio_pieces`); 0 decodes the whole clip at once; ``read_window``: decode with
-    the aligning layers' read window (:mod:`kvsim.minivox.read_window`; None: plain greedy).
+    the aligning layers' read window (:mod:`kvsim.minivox.read_window`; None: plain greedy);
+    ``ban_cycles``: decode with the cycle ban (:mod:`kvsim.minivox.cycle_ban`; None: off).
     """
 
     limit: int | None = None
@@ -71,6 +75,7 @@ class EvalOptions:
     no_repeat_ngram: int = 0
     chunk_seconds: float = 0.0
     read_window: ReadWindowConfig | None = None
+    ban_cycles: CycleBanConfig | None = None
 
     def rows(self, data: Path, split: str) -> list[dict]:
         """The manifest rows to decode; ValueError naming an id the split does not hold."""
@@ -104,6 +109,7 @@ class Decoded:
     n_prompt: int  #: prompt tokens (of the longest piece)
     read_forced: int = 0  #: forced steps of the read window (all pieces)
     read_stopped: bool = False  #: a read window left the audio and stopped its decoding
+    cycle_bans: int = 0  #: decoding steps at which the cycle ban banned a token (all pieces)
 
 
 def decode_clip(model, proc, audio: np.ndarray, ref_words: int, opts: EvalOptions,
@@ -117,16 +123,21 @@ def decode_clip(model, proc, audio: np.ndarray, ref_words: int, opts: EvalOption
         # enough tokens for 1.2x the reference words (the WER truncation) at ~1.4 tokens/word,
         # a piece's share of them by its share of the audio
         max_new = int(ref_words * piece.size / audio.size * 1.7) + 10
+        kwargs = dict(options, max_new_tokens=max_new)
+        ban = None
+        if opts.ban_cycles is not None:
+            kwargs["logits_processor"] = CycleBan.processors(opts.ban_cycles, n_in)
+            ban = kwargs["logits_processor"][0]
         with torch.no_grad():
             if opts.read_window is None:
-                res = model.generate(**inp, max_new_tokens=max_new, **options)
+                res = model.generate(**inp, **kwargs)
             else:
                 window = ReadWindow.for_inputs(opts.read_window, inp["input_ids"], proc.audio_token_id)
                 with reading_with(window):
-                    res = model.generate(**inp, max_new_tokens=max_new,
-                                         stopping_criteria=ReadPastEnd.criteria(window), **options)
+                    res = model.generate(**inp, stopping_criteria=ReadPastEnd.criteria(window), **kwargs)
                 out.read_forced += window.reading.forced
                 out.read_stopped |= window.reading.past_end
+        out.cycle_bans += ban.fired if ban else 0
         gen = res[0, n_in:]
         texts.append(proc.decode(gen))
         out.n_gen += int(gen.numel())
@@ -182,6 +193,8 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | No
                    "chunk_seconds": opts.chunk_seconds,
                    "read_window": opts.read_window.spec() if opts.read_window else None,
                    "read_forced": dec.read_forced, "read_stopped": dec.read_stopped,
+                   "ban_cycles": opts.ban_cycles.spec() if opts.ban_cycles else None,
+                   "cycle_bans": dec.cycle_bans,
                    "ref": r["text"], "hyp": hyp}
             print(f"{split} {r['id']} {r['duration']:.0f}s WER {w:.3f} gen {n_gen} tok "
                   f"in {wall:.1f}s", flush=True)
@@ -276,6 +289,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="an experiment: the aligning decoder layers read only the audio from "
                     "BEHIND s behind to AHEAD s ahead of their read position, pushed forward after "
                     "STALL tokens without a move (e.g. 2,3,8; default: plain greedy, the protocol)")
+    ap.add_argument("--ban-cycles", default=None, metavar="MAX_PERIOD,REPEATS",
+                    help="an experiment: never write more than REPEATS copies in a row of a cycle "
+                    "of at most MAX_PERIOD tokens (e.g. 16,3; default: plain greedy, the protocol)")
     ap.add_argument("--summarise", nargs="*", type=Path, default=None,
                     help="only print corpus WER per split from these --out files")
     a = ap.parse_args(argv)
@@ -290,7 +306,8 @@ def main(argv: list[str] | None = None) -> None:
                            no_repeat_ngram=a.no_repeat_ngram,
                            ids=frozenset(a.ids.split(",")) if a.ids else None,
                            chunk_seconds=a.chunk_seconds,
-                           read_window=ReadWindowConfig.parse(a.read_window) if a.read_window else None)
+                           read_window=ReadWindowConfig.parse(a.read_window) if a.read_window else None,
+                           ban_cycles=CycleBanConfig.parse(a.ban_cycles) if a.ban_cycles else None)
         res = evaluate(a.data, a.splits, a.adapter, a.out, opts)
     except (ValueError, FileNotFoundError) as exc:
         sys.exit(f"error: {exc}")
