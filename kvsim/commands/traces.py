@@ -35,7 +35,8 @@ def each_trace(args: list[Path], work: Callable[[Path], None], label: str = "err
     """Call ``work`` on every trace that ``args`` name (traces or folders of traces; other
     files skipped by :func:`trace_arguments`). A bad argument or trace is reported as one line
     on stderr (``<file>: <field>: <message>``) and the others go on; returns how many failed.
-    A trace named twice fails the command before any work (one line, exit 2)."""
+    A trace named twice, or arguments that hold no trace at all, fail the command before any
+    work (exit 2, as ``kvsim replay``)."""
     from kvsim.trace.reader import DuplicateTraceError, collect_traces
     from kvsim.trace.schema import TraceError
 
@@ -45,6 +46,8 @@ def each_trace(args: list[Path], work: Callable[[Path], None], label: str = "err
         fail(exc)
     for exc in errors:
         print_error(str(exc), label)
+    if errors and not paths:
+        raise typer.Exit(2)
     failed = len(errors)
     for path in paths:
         try:
