@@ -18,41 +18,21 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvsim.decode_attention import register_dispatching_attention, stock_attention
+
 TRACE_ATTN = "kvsim_trace"
 
 _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar(
     "kvsim_trace_recorder", default=None
 )
-_REGISTERED = False
 
 
 def register_trace_attention() -> str:
-    """Register the recording attention function and its mask (idempotent); return its name.
-
-    The mask function is registered under the same name as sdpa's (``sdpa_mask``): without it
-    transformers would build no mask for a custom implementation and padded inputs would get
-    wrong logits (transformers routes the mask by the attention function's name).
-    """
-    global _REGISTERED
-    if _REGISTERED:
-        return TRACE_ATTN
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import sdpa_mask
-
-    def trace_attention(module, query, key, value, attention_mask, **kwargs):
-        rec = _ACTIVE.get()
-        layer = getattr(module, "layer_idx", None)
-        if rec is not None and layer is not None:
-            if rec.key_hook is not None:
-                key = rec.key_hook(layer, key)
-            rec.record(layer, query, key, value)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-    AttentionInterface.register(TRACE_ATTN, trace_attention)
-    AttentionMaskInterface.register(TRACE_ATTN, sdpa_mask)
-    _REGISTERED = True
-    return TRACE_ATTN
+    """Register the recording attention function (and sdpa's mask under its name: without it
+    transformers builds no mask for a custom implementation and padded inputs get wrong
+    logits); idempotent; return its name. The function hands each decoder layer's call to the
+    active :class:`Recorder` (:func:`kvsim.decode_attention.register_dispatching_attention`)."""
+    return register_dispatching_attention(TRACE_ATTN, _ACTIVE)
 
 
 @dataclass
@@ -100,6 +80,14 @@ class Recorder:
     @property
     def _buffered(self) -> bool:
         return self.decode_capacity is not None and not self.keep_graph
+
+    def attention(self, module, layer: int, query, key, value, attention_mask, **kwargs):
+        """Decoder layer ``layer``'s attention call: record its inputs (after ``key_hook``),
+        then run the stock sdpa function on them."""
+        if self.key_hook is not None:
+            key = self.key_hook(layer, key)
+        self.record(layer, query, key, value)
+        return stock_attention(module, query, key, value, attention_mask, **kwargs)
 
     def record(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         if query.shape[0] != 1:
