@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from .option_spec import comma_fields
+
 
 @dataclass(frozen=True)
 class CycleBanConfig:
@@ -42,11 +44,10 @@ class CycleBanConfig:
     @classmethod
     def parse(cls, spec: str) -> CycleBanConfig:
         """``"MAX_PERIOD,REPEATS"`` (tokens, copies), e.g. ``"16,3"``."""
-        parts = spec.split(",")
-        if len(parts) != 2:
-            raise ValueError(f"--ban-cycles {spec!r}: MAX_PERIOD,REPEATS (e.g. 16,3)")
+        max_period, repeats = comma_fields(spec, "--ban-cycles", "MAX_PERIOD,REPEATS (e.g. 16,3)",
+                                           (int, int))
         try:
-            return cls(int(parts[0]), int(parts[1]))
+            return cls(max_period, repeats)
         except ValueError as exc:
             raise ValueError(f"--ban-cycles {spec!r}: {exc}") from None
 

@@ -35,6 +35,7 @@ from kvsim.decode_attention import (
 )
 
 from .modeling import AUDIO_TOKENS_PER_SECOND
+from .option_spec import comma_fields
 
 #: The name the read-window attention function is registered under.
 READ_WINDOW_ATTN = "minivox_read_window"
@@ -77,11 +78,10 @@ class ReadWindowConfig:
     @classmethod
     def parse(cls, spec: str) -> ReadWindowConfig:
         """``"BEHIND,AHEAD,STALL"`` (seconds, seconds, tokens), e.g. ``"2,3,8"``."""
-        parts = spec.split(",")
-        if len(parts) != 3:
-            raise ValueError(f"--read-window {spec!r}: BEHIND,AHEAD,STALL (e.g. 2,3,8)")
+        behind, ahead, stall = comma_fields(spec, "--read-window", "BEHIND,AHEAD,STALL (e.g. 2,3,8)",
+                                            (float, float, int))
         try:
-            return cls(float(parts[0]), float(parts[1]), int(parts[2]))
+            return cls(behind, ahead, stall)
         except ValueError as exc:
             raise ValueError(f"--read-window {spec!r}: {exc}") from None
 
