@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor
 
 from .option_spec import comma_fields
 
@@ -84,11 +84,6 @@ class CycleBan(LogitsProcessor):
         self.config = config
         self.prompt_length = prompt_length
         self.fired = 0  #: decoding steps at which something was banned
-
-    @classmethod
-    def processors(cls, config: CycleBanConfig, prompt_length: int) -> LogitsProcessorList:
-        """The ``logits_processor`` argument of ``generate`` for this ban."""
-        return LogitsProcessorList([cls(config, prompt_length)])
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         fired = False

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import torch
+from transformers import LogitsProcessorList
 
 from kvsim.wer import average_wer, corpus_wer, truncated_wer
 
@@ -124,10 +125,9 @@ def decode_clip(model, proc, audio: np.ndarray, ref_words: int, opts: EvalOption
         # a piece's share of them by its share of the audio
         max_new = int(ref_words * piece.size / audio.size * 1.7) + 10
         kwargs = dict(options, max_new_tokens=max_new)
-        ban = None
-        if opts.ban_cycles is not None:
-            kwargs["logits_processor"] = CycleBan.processors(opts.ban_cycles, n_in)
-            ban = kwargs["logits_processor"][0]
+        ban = CycleBan(opts.ban_cycles, n_in) if opts.ban_cycles else None
+        if ban is not None:
+            kwargs["logits_processor"] = LogitsProcessorList([ban])
         with torch.no_grad():
             if opts.read_window is None:
                 res = model.generate(**inp, **kwargs)
@@ -137,7 +137,7 @@ def decode_clip(model, proc, audio: np.ndarray, ref_words: int, opts: EvalOption
                     res = model.generate(**inp, stopping_criteria=ReadPastEnd.criteria(window), **kwargs)
                 out.read_forced += window.reading.forced
                 out.read_stopped |= window.reading.past_end
-        out.cycle_bans += ban.fired if ban else 0
+        out.cycle_bans += ban.fired if ban is not None else 0
         gen = res[0, n_in:]
         texts.append(proc.decode(gen))
         out.n_gen += int(gen.numel())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from transformers import LogitsProcessorList
 
 from kvsim.minivox.cycle_ban import CycleBan, CycleBanConfig, cycle_starts
 from kvsim.minivox.evaluate import EvalOptions, decode_clip, generation_options, main
@@ -81,7 +82,7 @@ def test_greedy_decoding_under_the_ban_never_writes_a_fourth_copy(tiny):
     assert max(_longest_run(plain, p) for p in range(1, 5)) > 3  # the untrained model loops
     cfg = CycleBanConfig(max_period=4, repeats=3)
     n_in = proc(audio=audio)["input_ids"].shape[1]
-    banned = _generated(model, proc, audio, logits_processor=CycleBan.processors(cfg, n_in))
+    banned = _generated(model, proc, audio, logits_processor=LogitsProcessorList([CycleBan(cfg, n_in)]))
     assert max(_longest_run(banned, p) for p in range(1, 5)) <= 3
     first_ban = next(i for i in range(len(plain)) if cycle_starts(torch.tensor(plain[:i]), cfg))
     assert banned[:first_ban] == plain[:first_ban]  # greedy until the ban first fires
