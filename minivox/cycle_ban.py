@@ -1,9 +1,9 @@
 """Cycle ban: greedy decoding that may not write a short cycle of tokens more than R times in a row.
 
 An option of :mod:`kvsim.minivox.evaluate` (``--ban-cycles``), not the paper's protocol
-(plain greedy decoding). minivox's long-form loops are short cycles written over and over
-("China, China, China, ..."; "or assert, or assert, ..."): docs/minivox.md, "Read with a
-window". Hugging Face's ``no_repeat_ngram_size`` bans every n-gram written before anywhere in
+(plain greedy decoding). The loops minivox is left with under the read window
+(:mod:`kvsim.minivox.read_window`) are short cycles written over and over ("China, China,
+China, ..."; "or assert, or assert, ..."): docs/minivox.md, "Break the loops". Hugging Face's ``no_repeat_ngram_size`` bans every n-gram written before anywhere in
 the transcript, which also forbids the phrases a text legitimately repeats; this ban looks only
 at the tail: once the last ``repeats * p`` generated tokens are ``repeats`` copies of one cycle
 of ``p`` tokens (any ``p`` up to ``max_period``), the token that would start one more copy
