@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from kvsim.cli import app
 from kvsim.synth import SynthConfig, synthesize
 from kvsim.trace import Trace, TraceError, write_trace
+from kvsim.trace.schema import TRACE_SUFFIX
 from kvsim.trace.validate import validate_trace
 from tests.conftest import make_trace
 
@@ -187,7 +188,10 @@ def test_killed_writer_leaves_nothing_valid_and_rerun_completes(tmp_path: Path) 
         with pytest.raises(TraceError):
             validate_trace(p)
     res = runner.invoke(app, ["validate", str(tmp_path / "out")])
-    assert res.exit_code == 1
+    # the leftover is no trace: the folder holds none, a wrong call (exit 2, as replay's)
+    assert res.exit_code == 2 and f"contains no *{TRACE_SUFFIX}" in res.output
+    assert runner.invoke(app, ["replay", str(tmp_path / "out"), "-p", "full",
+                               "-o", str(tmp_path / "runs")]).exit_code == 2
     # a rerun completes and yields a valid trace
     t0 = time.time()
     done = subprocess.run([sys.executable, str(script), str(target), "fast"], capture_output=True,
