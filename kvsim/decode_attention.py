@@ -3,8 +3,9 @@
 Shared by the tracer (:mod:`kvsim.tracer.capture`), the live policies (:mod:`kvsim.live`) and
 minivox's read window (:mod:`kvsim.minivox.read_window`): the stock sdpa function, a
 registered attention function that hands each decoder layer's call to the handler active in
-the current thread, and the attention of one decode query with a boolean keep-mask of shape (H_kv, N), which gives exactly
-zero attention mass to the positions it drops; q-head ``h`` reads KV-head ``h // (H_q / H_kv)``.
+the current thread, and the attention of one decode query with a boolean keep-mask of shape
+(H_kv, N), which gives exactly zero attention mass to the positions it drops; q-head ``h``
+reads KV-head ``h // (H_q / H_kv)``.
 """
 
 from __future__ import annotations

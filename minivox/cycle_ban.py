@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor
 
-from .option_spec import comma_fields
+from .option_spec import parse_comma_option
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,8 @@ class CycleBanConfig:
     @classmethod
     def parse(cls, spec: str) -> CycleBanConfig:
         """``"MAX_PERIOD,REPEATS"`` (tokens, copies), e.g. ``"16,3"``."""
-        max_period, repeats = comma_fields(spec, "--ban-cycles", "MAX_PERIOD,REPEATS (e.g. 16,3)",
-                                           (int, int))
-        try:
-            return cls(max_period, repeats)
-        except ValueError as exc:
-            raise ValueError(f"--ban-cycles {spec!r}: {exc}") from None
+        return parse_comma_option(cls, spec, "--ban-cycles", "MAX_PERIOD,REPEATS (e.g. 16,3)",
+                                  (int, int))
 
     def spec(self) -> str:
         """The ``--ban-cycles`` value that gives this ban."""

@@ -35,7 +35,7 @@ from kvsim.decode_attention import (
 )
 
 from .modeling import AUDIO_TOKENS_PER_SECOND
-from .option_spec import comma_fields
+from .option_spec import parse_comma_option
 
 #: The name the read-window attention function is registered under.
 READ_WINDOW_ATTN = "minivox_read_window"
@@ -78,12 +78,8 @@ class ReadWindowConfig:
     @classmethod
     def parse(cls, spec: str) -> ReadWindowConfig:
         """``"BEHIND,AHEAD,STALL"`` (seconds, seconds, tokens), e.g. ``"2,3,8"``."""
-        behind, ahead, stall = comma_fields(spec, "--read-window", "BEHIND,AHEAD,STALL (e.g. 2,3,8)",
-                                            (float, float, int))
-        try:
-            return cls(behind, ahead, stall)
-        except ValueError as exc:
-            raise ValueError(f"--read-window {spec!r}: {exc}") from None
+        return parse_comma_option(cls, spec, "--read-window", "BEHIND,AHEAD,STALL (e.g. 2,3,8)",
+                                  (float, float, int))
 
     def spec(self) -> str:
         """The ``--read-window`` value that gives this window."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from transformers import LogitsProcessorList
@@ -10,6 +9,7 @@ from transformers import LogitsProcessorList
 from kvsim.minivox.cycle_ban import CycleBan, CycleBanConfig, cycle_starts
 from kvsim.minivox.evaluate import EvalOptions, decode_clip, generation_options, main
 from tests.test_minivox_model import _tiny_model, _tiny_tokenizer
+from tests.test_minivox_read_window import _audio
 
 
 def _starts(tokens: list[int], max_period: int = 16, repeats: int = 3) -> set[int]:
@@ -52,10 +52,6 @@ def tiny():
 
     tok = _tiny_tokenizer()
     return _tiny_model(len(tok)), MinivoxProcessor(tok, "<empty_output>")
-
-
-def _audio(seconds: float) -> np.ndarray:
-    return (np.random.default_rng(5).standard_normal(int(16000 * seconds)) * 0.1).astype(np.float32)
 
 
 def _longest_run(tokens: list[int], period: int) -> int:
