@@ -12,8 +12,10 @@ import torch
 
 from kvsim.core.steplog import STEP_LOG_COLUMNS, RunFacts, retention_per_step
 from kvsim.live.attention import ACTIVE, LIVE_ATTN
+from kvsim.live.cycle_ban import CycleBan, CycleBanConfig
 from kvsim.live.models import LiveModel, LivePrompt
 from kvsim.live.offload import install_offload
+from kvsim.live.read_window import ReadWindow, ReadWindowConfig
 from kvsim.live.session import LiveSession
 from kvsim.policies.base import HeadScores, PolicyContext
 from kvsim.policies.spec import PolicySpec
@@ -51,6 +53,16 @@ class LiveConfig:
     #: (default): on the device when the model is not on the CPU (on the CPU there is no
     #: host round trip to save, and NumPy selects faster than small torch operations)
     device_select: bool | None = None
+    #: decoding options, not the papers' protocol (None: off): the read window on the aligning
+    #: layers (:mod:`kvsim.live.read_window`) and the cycle ban (:mod:`kvsim.live.cycle_ban`)
+    read_window: ReadWindowConfig | None = None
+    ban_cycles: CycleBanConfig | None = None
+
+    def guide_options(self) -> dict[str, str]:
+        """The decoding options that are on, as their command-line values (``read_window``,
+        ``ban_cycles``); empty for the papers' plain greedy decoding."""
+        on = {"read_window": self.read_window, "ban_cycles": self.ban_cycles}
+        return {key: value.spec() for key, value in on.items() if value is not None}
 
 
 @dataclass
@@ -67,6 +79,7 @@ class LiveRun:
     tiers_after_prefill: np.ndarray | None = None
     tiers: list[np.ndarray] | None = None  #: with ``record_tiers``: after prefill, after each step
     step_attention: list[np.ndarray] | None = None  #: with ``record_tiers``: StepView buffers
+    #: with a read window: ``read_windows``, the [lo, hi) audio window of each decode step
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -159,10 +172,23 @@ def prefill_once(lm: LiveModel, prompt: LivePrompt, window: int = OBSERVATION_WI
                      kv_retention)
 
 
+def _read_window(lm: LiveModel, prompt: LivePrompt, cfg: LiveConfig) -> ReadWindow | None:
+    """The read window of ``cfg`` over ``prompt``'s audio (None without one); ValueError
+    when the model or the prompt cannot take it."""
+    if cfg.read_window is None:
+        return None
+    cfg.read_window.check_layers(lm.layout.n_layers, lm.name)
+    audio = prompt.audio_positions
+    if prompt.layer_pool is not None or int(audio[-1] - audio[0]) + 1 != len(audio):
+        raise ValueError(f"read window: the audio of the prompt must be one contiguous span "
+                         f"with one audio KV per layer (transform {prompt.transform})")
+    return ReadWindow(cfg.read_window, int(audio[0]), len(audio), lm.audio_tokens_per_s)
+
+
 def _open_session(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: LiveConfig,
                   prefilled: Prefilled | None) -> tuple[PolicyContext, LiveSession]:
-    """The policy of ``spec`` in a :class:`LiveSession` for ``prompt``; a shared prefill must
-    hold the observation window this run wants."""
+    """The policy of ``spec`` in a :class:`LiveSession` for ``prompt`` (with ``cfg``'s read
+    window, if any); a shared prefill must hold the observation window this run wants."""
     ctx = PolicyContext(heads=lm.layout, n_audio=prompt.n_audio,
                         audio_tokens_per_s=lm.audio_tokens_per_s, n_prefill=prompt.n_prompt,
                         head_scores=cfg.head_scores, seed=cfg.seed)
@@ -170,7 +196,8 @@ def _open_session(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
                           label=f"{spec.label}@{spec.budget:g}", physical=cfg.physical,
                           check_invariants=cfg.check_invariants, window=cfg.observation_window,
                           device_select=(lm.device.type != "cpu" if cfg.device_select is None
-                                         else cfg.device_select))
+                                         else cfg.device_select),
+                          read_window=_read_window(lm, prompt, cfg))
     q0 = prefilled.queries[0] if prefilled is not None else None
     if q0 is not None and q0.shape[1] != len(session.window):
         raise ValueError(f"the shared prefill holds {q0.shape[1]} window queries, "
@@ -240,14 +267,16 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
             mem["prefill_peak_mb"] = torch.cuda.max_memory_allocated(device) / 1e6
             mem["after_prefill_mb"] = torch.cuda.memory_allocated(device) / 1e6
             torch.cuda.reset_peak_memory_stats(device)
+        ban = CycleBan(cfg.ban_cycles, prompt_length=0) if cfg.ban_cycles else None
         tokens, step_ms, terminated = _decode_loop(lm, session, cache, first, prompt.n_prompt,
-                                                   cfg.max_new_tokens, history, attention)
+                                                   cfg.max_new_tokens, history, attention, ban)
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device)
     finally:
         ACTIVE.reset(token)
     summary = _run_summary(session, ctx, spec, prompt, prefill_s, step_ms, terminated,
                            len(tokens), kv_retention)
+    summary.update(_guide_summary(cfg, session.read_window, ban))
     if stats is not None:
         summary.update(_physical_summary(stats, cache, len(step_ms)))
     if peak is not None:
@@ -257,16 +286,43 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
                    terminated=terminated, summary=summary, step_log=_step_log(session),
                    facts=_run_facts(lm, ctx, prompt, spec, len(session.rows)),
                    tiers_after_prefill=tiers0, tiers=history,
-                   step_attention=attention if cfg.record_tiers else None)
+                   step_attention=attention if cfg.record_tiers else None,
+                   extra=({"read_windows": session.read_window.windows}
+                          if session.read_window is not None else {}))
+
+
+def _guide_summary(cfg: LiveConfig, window: ReadWindow | None,
+                   ban: CycleBan | None) -> dict[str, Any]:
+    """The decoding options of the run and what they did (None / 0 when off)."""
+    return {
+        "read_window": cfg.read_window.spec() if cfg.read_window else None,
+        "read_forced": window.reading.forced if window else 0,
+        "read_stopped": window.reading.past_end if window else False,
+        "ban_cycles": cfg.ban_cycles.spec() if cfg.ban_cycles else None,
+        "cycle_bans": ban.fired if ban else 0,
+    }
+
+
+def _next_token(logits: torch.Tensor, tokens: list[int], ban: CycleBan | None) -> int:
+    """Greedy choice from the step's ``logits`` (1, 1, V); with ``ban``, over the logits the
+    ban leaves after ``tokens`` (the tokens generated so far)."""
+    if ban is None:
+        return _argmax(logits)
+    scores = ban(torch.tensor([tokens]), logits[:, -1].clone())
+    return int(torch.argmax(scores[0]).item())
 
 
 def _decode_loop(lm: LiveModel, session: LiveSession, cache: Any, first: int, n_prompt: int,
                  max_new_tokens: int, history: list[np.ndarray] | None,
-                 attention: list[np.ndarray]) -> tuple[list[int], list[float], bool]:
-    """Greedy decode steps after the first token until EOS or ``max_new_tokens``; returns the
-    tokens, each step's milliseconds and whether EOS ended it. ``history`` (when recording)
-    receives the tiers after every step and ``attention`` the step's audio attention."""
+                 attention: list[np.ndarray],
+                 ban: CycleBan | None = None) -> tuple[list[int], list[float], bool]:
+    """Greedy decode steps after the first token until EOS, ``max_new_tokens`` or the end of
+    the read window's audio; returns the tokens, each step's milliseconds and whether the run
+    ended before the cap (EOS, or a read window with nothing left to read). ``history`` (when
+    recording) receives the tiers after every step and ``attention`` the step's audio
+    attention; ``ban`` (a cycle ban) narrows each greedy choice."""
     model, device, eos = lm.model, lm.device, lm.eos_ids
+    window = session.read_window
     tokens, step_ms = [first], []
     terminated = first in eos
     step = 0
@@ -278,7 +334,7 @@ def _decode_loop(lm: LiveModel, session: LiveSession, cache: Any, first: int, n_
         # position ids are left to the model (Qwen's M-RoPE offsets come from its prefill)
         out = model(input_ids=ids, **_cache_kw(model, cache), use_cache=True, cache_position=pos,
                     logits_to_keep=1)
-        tokens.append(_argmax(out.logits))
+        tokens.append(_next_token(out.logits, tokens, ban))
         _sync(device)
         step_ms.append(1e3 * (time.perf_counter() - t1))
         if history is not None and session.buffer is not None:
@@ -286,7 +342,7 @@ def _decode_loop(lm: LiveModel, session: LiveSession, cache: Any, first: int, n_
         session.end_step(step, n_prompt + step)
         if history is not None:
             history.append(session.tiers.copy())
-        terminated = tokens[-1] in eos
+        terminated = tokens[-1] in eos or (window is not None and window.reading.past_end)
         step += 1
     return tokens, step_ms, terminated
 

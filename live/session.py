@@ -40,6 +40,7 @@ from kvsim.decode_attention import (
     stock_attention,
 )
 from kvsim.live.keepmask import KeepMasks
+from kvsim.live.read_window import ReadWindow
 from kvsim.policies.base import (
     TIER_CPU,
     TIER_GONE,
@@ -81,13 +82,18 @@ class LiveSession:
     device_select : bool
         Let a policy that can (``selects_on_device``: ArkVale) select on the model's device
         on the masking path; False selects on the host with ``select`` (NumPy).
+    read_window : ReadWindow or None
+        A decoding option (:mod:`kvsim.live.read_window`): at its aligning layers attention
+        reads only the audio inside the window of what the policy keeps (and selects), and
+        that attention moves the window's read position. None: the policy alone.
     """
 
     def __init__(self, policy: Policy, ctx: PolicyContext, audio_positions: np.ndarray,
                  n_prompt: int, label: str = "", physical: bool = False,
                  check_invariants: bool = True, window: int = OBSERVATION_WINDOW,
-                 device_select: bool = False) -> None:
+                 device_select: bool = False, read_window: ReadWindow | None = None) -> None:
         self.policy = policy
+        self.read_window = read_window
         self.ctx = ctx
         self.label = label or policy.describe()
         self.audio = np.asarray(audio_positions, dtype=np.int64)
@@ -162,6 +168,9 @@ class LiveSession:
                         f"{self.label}: select() read audio that is not on GPU "
                         f"(step {self.step}, layer {layer})")
                 read = sel
+        aligning = self._aligning(layer)
+        if aligning:
+            read = self.read_window.restrict(read)
         self.read[layer] = read
         scaling = kwargs.get("scaling", module.scaling)
         if self.physical:
@@ -175,12 +184,20 @@ class LiveSession:
             out = stock_attention(module, query, key, value, attention_mask, **kwargs)
         else:
             out = (masked_decode_attention(query, key, value, keep, scaling), None)
-        if self.buffer is not None and self._buffered[layer]:
+        buffered = self.buffer is not None and self._buffered[layer]
+        if buffered or aligning:
             probs = masked_attention_probs(query, key, keep, scaling)
             cols = (self.cache.layers[layer].audio_columns(probs) if self.physical
                     else probs[:, self._audio_index(probs.device)])
-            self.buffer[layer] = cols.cpu().numpy()
+            if buffered:
+                self.buffer[layer] = cols.cpu().numpy()
+            if aligning:
+                self.read_window.observe(layer, cols)
         return out
+
+    def _aligning(self, layer: int) -> bool:
+        """Whether ``layer`` is an aligning layer of the read window (False without one)."""
+        return self.read_window is not None and layer in self.read_window.config.layers
 
     def _device_select_attention(self, module, layer, query, key, value, **kwargs):
         """Decode attention of a policy that selects on the model's device
@@ -188,10 +205,16 @@ class LiveSession:
         t0 = time.perf_counter()
         read = self.policy.select_device(layer, query[0, :, 0, :].detach(), self.audio_keys[layer])
         self.policy_seconds += time.perf_counter() - t0
+        aligning = self._aligning(layer)
+        if aligning:
+            read = self.read_window.restrict(read)
         self._device_reads[layer] = read
         keep = self._keep.get_device(layer, read, key.shape[2])
-        return (masked_decode_attention(query, key, value, keep, kwargs.get("scaling", module.scaling)),
-                None)
+        scaling = kwargs.get("scaling", module.scaling)
+        if aligning:
+            probs = masked_attention_probs(query, key, keep, scaling)
+            self.read_window.observe(layer, probs[:, self._audio_index(probs.device)])
+        return masked_decode_attention(query, key, value, keep, scaling), None
 
     def _collect_device_reads(self) -> None:
         """After a step selected on the device: the policy's tiers and the step's reads back

@@ -12,9 +12,9 @@ protocol: greedy decoding that never writes an n-gram of N tokens twice (Hugging
 come back as paraphrases: docs/minivox.md, "Where the long-form errors are"). ``--read-window
 BEHIND,AHEAD,STALL`` (off by default) is another: greedy decoding with the aligning layers
 reading only a window of the audio around their read position
-(:mod:`kvsim.minivox.read_window`); ``--ban-cycles MAX_PERIOD,REPEATS`` (off by default) is a
+(:mod:`kvsim.live.read_window`); ``--ban-cycles MAX_PERIOD,REPEATS`` (off by default) is a
 third: greedy decoding that may not write a short cycle of tokens more than REPEATS times in a
-row (:mod:`kvsim.minivox.cycle_ban`).
+row (:mod:`kvsim.live.cycle_ban`).
 """
 
 from __future__ import annotations
@@ -31,19 +31,20 @@ import soundfile as sf
 import torch
 from transformers import LogitsProcessorList
 
-from kvsim.wer import average_wer, corpus_wer, truncated_wer
-
-from . import load_minivox, minivox_dir
-from .augment import resample_speed
-from .cycle_ban import CycleBan, CycleBanConfig
-from .data import parse_shard, read_manifest
-from .read_window import (
+from kvsim.live.cycle_ban import CycleBan, CycleBanConfig
+from kvsim.live.read_window import (
     ReadPastEnd,
     ReadWindow,
     ReadWindowConfig,
     reading_with,
     register_read_window,
 )
+from kvsim.wer import average_wer, corpus_wer, truncated_wer
+
+from . import load_minivox, minivox_dir
+from .augment import resample_speed
+from .data import parse_shard, read_manifest
+from .modeling import AUDIO_TOKENS_PER_SECOND
 
 
 def generation_options(no_repeat_ngram: int = 0) -> dict:
@@ -65,8 +66,8 @@ class EvalOptions:
     ``chunk_seconds`` > 0: a diagnostic, not the model's protocol: every clip cut into pieces
     of that many seconds, each decoded on its own, the transcripts joined
     (:func:`audio_pieces`); 0 decodes the whole clip at once; ``read_window``: decode with
-    the aligning layers' read window (:mod:`kvsim.minivox.read_window`; None: plain greedy);
-    ``ban_cycles``: decode with the cycle ban (:mod:`kvsim.minivox.cycle_ban`; None: off).
+    the aligning layers' read window (:mod:`kvsim.live.read_window`; None: plain greedy);
+    ``ban_cycles``: decode with the cycle ban (:mod:`kvsim.live.cycle_ban`; None: off).
     """
 
     limit: int | None = None
@@ -132,7 +133,8 @@ def decode_clip(model, proc, audio: np.ndarray, ref_words: int, opts: EvalOption
             if opts.read_window is None:
                 res = model.generate(**inp, **kwargs)
             else:
-                window = ReadWindow.for_inputs(opts.read_window, inp["input_ids"], proc.audio_token_id)
+                window = ReadWindow.for_inputs(opts.read_window, inp["input_ids"], proc.audio_token_id,
+                                               AUDIO_TOKENS_PER_SECOND)
                 with reading_with(window):
                     res = model.generate(**inp, stopping_criteria=ReadPastEnd.criteria(window), **kwargs)
                 out.read_forced += window.reading.forced
@@ -153,10 +155,7 @@ def load_for(adapter: Path | None, opts: EvalOptions):
         kwargs["attn_implementation"] = {"text_config": register_read_window()}
     model, proc = load_minivox(minivox_dir(adapter), **kwargs)
     if opts.read_window is not None:
-        n_layers = model.config.text_config.num_hidden_layers
-        if max(opts.read_window.layers) >= n_layers:
-            raise ValueError(f"read window: layer {max(opts.read_window.layers)} of a "
-                             f"{n_layers}-layer decoder")
+        opts.read_window.check_layers(model.config.text_config.num_hidden_layers, "minivox")
     return model, proc
 
 

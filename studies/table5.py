@@ -16,6 +16,9 @@ from pathlib import Path
 
 import polars as pl
 
+from kvsim.live.cycle_ban import CycleBanConfig
+from kvsim.live.decode import LiveConfig
+from kvsim.live.read_window import ReadWindowConfig
 from kvsim.live.run import PlanItem, aggregate, make_plan, wer_chart, with_method
 from kvsim.minivox import SHIPPED_HEADS
 from kvsim.studies.live_grid import GridSpec
@@ -79,6 +82,7 @@ class Table5Info:
     max_seconds: float | None = None  #: clips (and references) cropped to this length
     lambda_fit: str = "measured"  #: how ``lambdas`` were fitted (measured | prefill)
     max_new_tokens: int | None = None  #: the token cap of the runs
+    guides: dict[str, str] = field(default_factory=dict)  #: decoding options on (LiveConfig.guide_options)
 
 
 def run_lambdas(runs: pl.DataFrame) -> dict[float, float | None]:
@@ -121,10 +125,9 @@ def decode_missing(runs: pl.DataFrame | None, groups, items: Sequence, cfg: Tabl
     """Decode each group of :func:`missing_groups` with :func:`live_grid` (``out/live``, or
     ``out/live-<n>`` for the n-th of several groups: each a run folder a later call reuses)
     and add its runs to ``runs``."""
-    from kvsim.live.decode import LiveConfig
     from kvsim.studies.live_grid import live_grid
 
-    live_cfg = LiveConfig(max_new_tokens=cfg.max_new_tokens, head_scores=scores)
+    live_cfg = cfg.live_config(scores)
     by_id = {i.id: i for i in items}
     for n, (plan, ids) in enumerate(groups, start=1):
         folder = out / ("live" if len(groups) == 1 else f"live-{n}")
@@ -265,6 +268,8 @@ def table5_notes(runs: pl.DataFrame, info: Table5Info) -> list[str]:
              "Reading the tables: WER above 100% means the hypothesis ran past the reference "
              "(a method that fails to terminate); WnW's r_GPU+CPU above its r_GPU is the CPU "
              "complement its tidal heads can recall (the paper's 41.5% at a 0.2 target)."]
+    if info.guides:
+        notes.append(guides_note(info.guides))
     cut = cap_note(runs, info.max_new_tokens)
     if cut:
         notes.append(cut)
@@ -273,6 +278,16 @@ def table5_notes(runs: pl.DataFrame, info: Table5Info) -> list[str]:
         notes.append("Runs read from existing `kvsim live` folders: " + ", ".join(f"`{f}`" for f in folders)
                      + (f"; decoded by this study: {', '.join(info.decoded)}." if info.decoded else "."))
     return notes
+
+
+def guides_note(guides: dict[str, str]) -> str:
+    """What the decoding options of the runs were (not the papers' plain greedy decoding)."""
+    said = {"read_window": "a read window on the aligning layers (`--read-window {}`)",
+            "ban_cycles": "a ban on short loops (`--ban-cycles {}`)"}
+    return ("Decoding options, the same for every method, Full Cache included, and not the "
+            "papers' protocol (plain greedy decoding): "
+            + " and ".join(said[key].format(value) for key, value in guides.items())
+            + "; see docs/live.md, \"Decoding options\".")
 
 
 def cap_note(runs: pl.DataFrame, max_new_tokens: int | None) -> str | None:
@@ -318,6 +333,14 @@ class Table5Config:
     live_runs: tuple[Path, ...] = ()
     runs_only: bool = False
     grid: GridSpec = field(default_factory=GridSpec)
+    #: decoding options, not the papers' protocol (None: off; kvsim.live.read_window, .cycle_ban)
+    read_window: ReadWindowConfig | None = None
+    ban_cycles: CycleBanConfig | None = None
+
+    def live_config(self, scores) -> LiveConfig:
+        """How every run of the study decodes."""
+        return LiveConfig(max_new_tokens=self.max_new_tokens, head_scores=scores,
+                          read_window=self.read_window, ban_cycles=self.ban_cycles)
 
 
 #: --quick: the first 10 s of one clip, three methods at r = 0.2, at most 60 tokens.
@@ -349,7 +372,7 @@ def build_plan(cfg: Table5Config, scores) -> list[PlanItem]:
 def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print) -> StudyReport:
     """Decode (or read from ``cfg.live_runs``) the grid and build the report; decoded runs go
     to ``out / "live"`` (a ``kvsim live`` run folder, reused by a later call)."""
-    from kvsim.studies.live_runs import combine
+    from kvsim.studies.live_runs import GUIDE_KEYS, combine
     from kvsim.studies.wnw_lambda import lambda_of
     from kvsim.trace.heads import read_heads
 
@@ -357,7 +380,9 @@ def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print)
     plan = build_plan(cfg, scores)
     runs, sources = None, {}
     if cfg.live_runs:
-        expected = {"model": cfg.grid.model, "max_new_tokens": cfg.max_new_tokens, "max_seconds": cfg.max_seconds}
+        guides = cfg.live_config(scores).guide_options()
+        expected = {"model": cfg.grid.model, "max_new_tokens": cfg.max_new_tokens, "max_seconds": cfg.max_seconds,
+                    **{key: guides.get(key) for key in GUIDE_KEYS}}
         runs, sources = combine(cfg.live_runs, expected)
     if cfg.runs_only:
         if runs is None:
@@ -373,7 +398,7 @@ def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print)
         runs = decode_missing(runs, groups, items, cfg, scores, out, log)
     info = Table5Info(inputs=inputs, split=cfg.split, sources=sources, model=cfg.grid.model,
                       max_seconds=cfg.max_seconds, lambda_fit=cfg.lambda_fit,
-                      max_new_tokens=cfg.max_new_tokens,
+                      max_new_tokens=cfg.max_new_tokens, guides=cfg.live_config(scores).guide_options(),
                       lambdas={p.spec.budget: lambda_of(p) for p in plan if p.spec.name == "wnw"},
                       decoded=sorted({f"{p.spec.label}@{p.spec.budget:g}" for g, _ in groups for p in g}))
     report = table5_report(runs, cfg.budgets, info)

@@ -61,3 +61,30 @@ def test_minivox_physical_equals_masking(mv, name):
             for p in (False, True)]
     assert runs[0].tokens == runs[1].tokens
     assert runs[0].step_log.equals(runs[1].step_log)
+
+
+def test_minivox_live_with_both_options_decodes_as_evaluate_does(mv):
+    """``kvsim live --read-window 2,3,8 --ban-cycles 16,3`` on the real minivox writes what
+    ``python -m kvsim.minivox.evaluate`` with the same options writes (its read-window
+    attention function and logits processor inside ``generate``)."""
+    from transformers import LogitsProcessorList
+
+    from kvsim.live.cycle_ban import CycleBan, CycleBanConfig
+    from kvsim.live.read_window import ReadPastEnd, ReadWindow, ReadWindowConfig, reading_with
+    from kvsim.minivox.evaluate import EvalOptions, load_for
+
+    lm, prompt, _, _, _ = mv
+    window_cfg, ban_cfg = ReadWindowConfig.parse("2,3,8"), CycleBanConfig.parse("16,3")
+    model, proc = load_for(None, EvalOptions(read_window=window_cfg, ban_cycles=ban_cfg))
+    inputs = prompt.model_inputs
+    n_in = inputs["input_ids"].shape[1]
+    window = ReadWindow.for_inputs(window_cfg, inputs["input_ids"], proc.audio_token_id, lm.audio_tokens_per_s)
+    with torch.no_grad(), reading_with(window):
+        out = model.generate(**inputs, max_new_tokens=N_NEW, do_sample=False, num_beams=1,
+                             logits_processor=LogitsProcessorList([CycleBan(ban_cfg, n_in)]),
+                             stopping_criteria=ReadPastEnd.criteria(window))
+    run = live_generate(lm, prompt, PolicySpec("full", 1.0),
+                        LiveConfig(N_NEW, read_window=window_cfg, ban_cycles=ban_cfg))
+    assert run.tokens == out[0, n_in:].tolist()
+    assert run.extra["read_windows"] == window.windows
+    assert any(w != (0, prompt.n_audio) for w in window.windows)  # the window masked something

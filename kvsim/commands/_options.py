@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Annotated, Any
+
+import typer
 
 MODEL_HELP = "voxtral-mini, voxtral-small, qwen-omni, minivox, or a checkpoint directory."
 
@@ -66,3 +69,24 @@ def announce_shipped_calibration(path: Path, flag: str, alternatives: str = "") 
 
     err.print(f"head scores: {path} (minivox's shipped calibration; {flag} FILE for another"
               f"{alternatives})", markup=False)
+
+
+ReadWindowOption = Annotated[str | None, typer.Option(
+    "--read-window", metavar="BEHIND,AHEAD,STALL",
+    help="Decoding option, not the papers' protocol: the aligning layers (minivox's 20-23) read only "
+         "the audio from BEHIND s before to AHEAD s after a forward-only read position, pushed one "
+         "audio token after STALL tokens without a move (e.g. 2,3,8)")]
+BanCyclesOption = Annotated[str | None, typer.Option(
+    "--ban-cycles", metavar="MAX_PERIOD,REPEATS",
+    help="Decoding option, not the papers' protocol: the token that would start copy REPEATS+1 in a "
+         "row of a cycle of at most MAX_PERIOD tokens is banned (e.g. 16,3)")]
+
+
+def parse_guides(read_window: str | None, ban_cycles: str | None) -> dict[str, Any]:
+    """``LiveConfig`` keyword arguments of ``--read-window`` / ``--ban-cycles`` (ValueError on a
+    bad value, naming the option)."""
+    from kvsim.live.cycle_ban import CycleBanConfig
+    from kvsim.live.read_window import ReadWindowConfig
+
+    return {"read_window": ReadWindowConfig.parse(read_window) if read_window else None,
+            "ban_cycles": CycleBanConfig.parse(ban_cycles) if ban_cycles else None}

@@ -10,7 +10,13 @@ from typing import Annotated, Any
 import typer
 
 from kvsim.commands._errors import err, fail, print_error
-from kvsim.commands._options import announce_shipped_calibration, calibration_for
+from kvsim.commands._options import (
+    BanCyclesOption,
+    ReadWindowOption,
+    announce_shipped_calibration,
+    calibration_for,
+    parse_guides,
+)
 from kvsim.commands._table import Column, FormatOption, TableFormat, WideOption, print_frame
 
 #: The live summary: the compact set fits 80 columns with whole policy names.
@@ -47,6 +53,8 @@ def live(
     instruction: Annotated[str | None, typer.Option(help="Instruction text after the audio (overrides the task's)")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Stop after this many tokens")] = 400,
     physical: Annotated[bool, typer.Option("--physical", help="Physical offload instead of masking emulation")] = False,
+    read_window: ReadWindowOption = None,
+    ban_cycles: BanCyclesOption = None,
     calibration: Annotated[Path | None, typer.Option(help="heads.json calibration file (WnW, AudioKV); default with --model minivox: the shipped adapter's own")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ... (checked before the model loads)")] = "cpu",
     dtype: Annotated[str, typer.Option(help="Weights dtype")] = "float32",
@@ -82,29 +90,32 @@ def live(
         if calibration is None and (calibration := calibration_for(model, None)):
             announce_shipped_calibration(calibration, "--calibration")
         scores = read_heads(calibration) if calibration else None
+        cfg = LiveConfig(max_new_tokens=max_new_tokens, physical=physical, head_scores=scores,
+                         **parse_guides(read_window, ban_cycles))
         config = {"model": model, "plan": [f"{p.transform}/{p.spec.label}@{p.spec.budget:g}" for p in plan],
                   "max_new_tokens": max_new_tokens, "max_seconds": max_seconds, "task": task,
                   "language": language, "instruction": instruction, "physical": physical,
-                  "calibration": str(calibration) if calibration else None, "dtype": dtype}
+                  "calibration": str(calibration) if calibration else None, "dtype": dtype,
+                  **cfg.guide_options()}
         check_out_dir(out)
-        decode = _decoder(model, device, dtype, ray)
+        decode = _decoder(model, device, dtype, ray, cfg)
         run = RunDir.open(out, "live", [i.id for i in items], config, resume=resume)
     except (ValueError, KeyError, FileNotFoundError, TraceError) as exc:
         fail(exc)
     with run:
-        _decode_all(run, items, plan, decode,
-                    LiveConfig(max_new_tokens=max_new_tokens, physical=physical, head_scores=scores),
+        _decode_all(run, items, plan, decode, cfg,
                     dict(max_seconds=max_seconds, instruction=instruction, language=language), plot,
                     (fmt, wide))
     if run.manifest["status"] != "complete":
         raise typer.Exit(1)
 
 
-def _decoder(model: str, device: str, dtype: str, ray: str | None) -> Callable[..., Any]:
+def _decoder(model: str, device: str, dtype: str, ray: str | None, cfg) -> Callable[..., Any]:
     """``(job, run, log) -> runs frame``: the model loaded here and :func:`run_live`, or with
     ``--ray`` the model checked here (loaded by the workers) and the Ray tasks. ValueError
     (one line) on a device or dtype this machine cannot use, before the model loads (the
-    check of ``kvsim trace``; with ``--ray`` the workers' devices are theirs to check)."""
+    check of ``kvsim trace``; with ``--ray`` the workers' devices are theirs to check), and
+    on a read window whose aligning layers the loaded model lacks (``cfg``: the LiveConfig)."""
     from functools import partial
 
     from kvsim.live.run import run_live
@@ -114,7 +125,10 @@ def _decoder(model: str, device: str, dtype: str, ray: str | None) -> Callable[.
         from kvsim.tracer.backbones.base import check_device_dtype
 
         check_device_dtype(device, dtype)
-        return partial(run_live, load_backbone(model, device=device, dtype=dtype))
+        lm = load_backbone(model, device=device, dtype=dtype)
+        if cfg.read_window is not None:
+            cfg.read_window.check_layers(lm.layout.n_layers, lm.name)
+        return partial(run_live, lm)
     from kvsim.cluster import connect
     from kvsim.live.remote import ModelSpec, check_model, run_live_on_ray
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kvsim.commands._options import calibration_for
+from kvsim.commands._options import BanCyclesOption, ReadWindowOption, calibration_for
 from kvsim.commands.study import (
     DatasetRootOption,
     DeviceOption,
@@ -40,6 +40,8 @@ def table5(
     lambda_fit: LambdaFitOption = "measured",
     live_runs: Annotated[list[str] | None, typer.Option(help="Existing kvsim live run folders to read instead of decoding; repeat or comma-separate")] = None,
     runs_only: Annotated[bool, typer.Option("--runs-only", help="With --live-runs: the table of what they hold, decode nothing")] = False,
+    read_window: ReadWindowOption = None,
+    ban_cycles: BanCyclesOption = None,
     model: ModelOption = "minivox",
     device: DeviceOption = "cpu",
     ray: RayOption = None,
@@ -48,7 +50,7 @@ def table5(
 ) -> None:
     """Live truncated WER vs measured r_GPU per method on minivox, beside WnW's Table 5 (Voxtral-mini-3b and Qwen2.5-Omni-3B)."""
     from kvsim.commands._errors import err, fail
-    from kvsim.commands._options import check_positive_ints, check_range
+    from kvsim.commands._options import check_positive_ints, check_range, parse_guides
     from kvsim.specs import parse_budgets
     from kvsim.studies.live_grid import GridSpec
     from kvsim.studies.table5 import DEFAULT_METHODS, QUICK, Table5Config, run_table5
@@ -67,7 +69,7 @@ def table5(
             calibration_traces=tuple(Path(p) for p in _split(calibration_traces)),
             lambda_fit=lambda_fit,
             live_runs=tuple(Path(p) for p in _split(live_runs)), runs_only=runs_only,
-            grid=GridSpec(model=model, device=device, ray=ray))
+            grid=GridSpec(model=model, device=device, ray=ray), **parse_guides(read_window, ban_cycles))
         if quick:
             for key, value in QUICK.items():
                 if key != "methods" or not policy:

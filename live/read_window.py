@@ -1,11 +1,11 @@
-"""Read window: greedy decoding that keeps minivox's aligning layers reading the audio in order.
+"""Read window: greedy decoding that keeps a speech LLM's aligning layers reading the audio in order.
 
-An option of :mod:`kvsim.minivox.evaluate` (``--read-window``), not the paper's protocol
-(plain greedy decoding over the full cache). Every key stays in the cache and every decoder
-layer but the aligning ones reads all of it; the aligning layers (20-23, where minivox's
-attention follows the words) read only the audio inside a window around the
-current read position, the way inference-time attention windows keep text-to-speech decoders
-from skipping and repeating (Tacotron-style windowed attention).
+A decoding option of ``kvsim live`` and of :mod:`kvsim.minivox.evaluate` (``--read-window``),
+not the papers' protocol (plain greedy decoding). Every key stays in the cache and every
+decoder layer but the aligning ones reads all of it (or what a KV policy keeps); the aligning
+layers (minivox's 20-23, where its attention follows the words) read only the audio inside a
+window around the current read position, the way inference-time attention windows keep
+text-to-speech decoders from skipping and repeating (Tacotron-style windowed attention).
 
 The read position is where the aligning layers attend: after each decoded token, the peak of
 their head-mean attention over the audio, summed over the layers. It only moves forward.
@@ -33,9 +33,7 @@ from kvsim.decode_attention import (
     register_dispatching_attention,
     stock_attention,
 )
-
-from .modeling import AUDIO_TOKENS_PER_SECOND
-from .option_spec import parse_comma_option
+from kvsim.live.option_spec import parse_comma_option
 
 #: The name the read-window attention function is registered under.
 READ_WINDOW_ATTN = "minivox_read_window"
@@ -43,6 +41,10 @@ READ_WINDOW_ATTN = "minivox_read_window"
 #: The window driving the attention calls of the current thread (None: plain sdpa).
 ACTIVE: contextvars.ContextVar[ReadWindow | None] = contextvars.ContextVar(
     "minivox_read_window", default=None)
+
+
+#: minivox's aligning decoder layers (the default of :class:`ReadWindowConfig`)
+MINIVOX_ALIGNING_LAYERS = (20, 21, 22, 23)
 
 
 @dataclass(frozen=True)
@@ -57,14 +59,15 @@ class ReadWindowConfig:
         Decoded tokens without a forward move of the read position after which it is pushed
         one audio token forward.
     layers
-        The aligning decoder layers: minivox's 20-23, whose attention peak follows the word
-        being written (the guided loss's default layers, docs/minivox.md "Training").
+        The aligning decoder layers: by default minivox's 20-23, whose attention peak follows
+        the word being written (the guided loss's default layers, docs/minivox.md
+        "Training"); another model needs its own.
     """
 
     behind_s: float = 2.0
     ahead_s: float = 3.0
     stall_tokens: int = 8
-    layers: tuple[int, ...] = (20, 21, 22, 23)
+    layers: tuple[int, ...] = MINIVOX_ALIGNING_LAYERS
 
     def __post_init__(self) -> None:
         if not (0 <= self.behind_s < math.inf and 0 < self.ahead_s < math.inf):
@@ -72,18 +75,53 @@ class ReadWindowConfig:
                              f"{self.ahead_s} s > 0")
         if self.stall_tokens < 1:
             raise ValueError(f"read window: stall {self.stall_tokens} tokens must be >= 1")
-        if not self.layers:
-            raise ValueError("read window: no aligning layers")
+        if not self.layers or min(self.layers) < 0:
+            raise ValueError(f"read window: aligning layers {self.layers} must be given, each >= 0")
 
     @classmethod
     def parse(cls, spec: str) -> ReadWindowConfig:
-        """``"BEHIND,AHEAD,STALL"`` (seconds, seconds, tokens), e.g. ``"2,3,8"``."""
-        return parse_comma_option(cls, spec, "--read-window", "BEHIND,AHEAD,STALL (e.g. 2,3,8)",
-                                  (float, float, int))
+        """``"BEHIND,AHEAD,STALL[,LAYERS]"`` (seconds, seconds, tokens, the aligning layers as
+        ranges joined by ``+``: ``20-23``, ``4+9-11``; default minivox's), e.g. ``"2,3,8"``."""
+        types = (float, float, int, parse_layers)[: 4 if spec.count(",") == 3 else 3]
+        return parse_comma_option(cls, spec, "--read-window",
+                                  "BEHIND,AHEAD,STALL[,LAYERS] (e.g. 2,3,8 or 2,3,8,20-23)", types)
+
+    def check_layers(self, n_layers: int, model: str) -> None:
+        """ValueError when an aligning layer is not one of ``model``'s ``n_layers`` decoder layers."""
+        if max(self.layers) >= n_layers:
+            raise ValueError(f"read window: aligning layer {max(self.layers)} of a {n_layers}-layer "
+                             f"decoder ({model}); give its aligning layers: --read-window "
+                             f"{self.behind_s:g},{self.ahead_s:g},{self.stall_tokens},FIRST-LAST")
 
     def spec(self) -> str:
-        """The ``--read-window`` value that gives this window."""
-        return f"{self.behind_s:g},{self.ahead_s:g},{self.stall_tokens}"
+        """The ``--read-window`` value that gives this window (the layers when not the default)."""
+        value = f"{self.behind_s:g},{self.ahead_s:g},{self.stall_tokens}"
+        return value if self.layers == MINIVOX_ALIGNING_LAYERS else f"{value},{layers_spec(self.layers)}"
+
+
+def parse_layers(spec: str) -> tuple[int, ...]:
+    """``"20-23"`` -> (20, 21, 22, 23); ranges and single layers joined by ``+`` (``"4+9-11"``)."""
+    layers: list[int] = []
+    for part in spec.split("+"):
+        first, _, last = part.partition("-")
+        lo, hi = int(first), int(last or first)
+        if lo < 0 or hi < lo:
+            raise ValueError(f"layers {part!r}: FIRST-LAST with 0 <= FIRST <= LAST")
+        layers.extend(range(lo, hi + 1))
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"layers {spec!r}: a layer given twice")
+    return tuple(sorted(layers))
+
+
+def layers_spec(layers: tuple[int, ...]) -> str:
+    """The :func:`parse_layers` value of ``layers`` (sorted, distinct)."""
+    runs: list[list[int]] = []
+    for layer in sorted(layers):
+        if runs and layer == runs[-1][1] + 1:
+            runs[-1][1] = layer
+        else:
+            runs.append([layer, layer])
+    return "+".join(f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
 
 
 @dataclass
@@ -130,27 +168,31 @@ class ReadWindow:
         The window's shape.
     audio_start, n_audio
         Sequence position of the first audio token and the number of audio tokens (contiguous).
+    audio_tokens_per_s
+        The model's audio tokens per second of speech (minivox: 12.5).
     """
 
-    def __init__(self, config: ReadWindowConfig, audio_start: int, n_audio: int) -> None:
+    def __init__(self, config: ReadWindowConfig, audio_start: int, n_audio: int,
+                 audio_tokens_per_s: float) -> None:
         self.config = config
         self.audio_start = audio_start
         self.reading = ReadPosition(n_audio, config.stall_tokens)
-        self._behind = round(config.behind_s * AUDIO_TOKENS_PER_SECOND)
-        self._ahead = round(config.ahead_s * AUDIO_TOKENS_PER_SECOND)
+        self._behind = round(config.behind_s * audio_tokens_per_s)
+        self._ahead = round(config.ahead_s * audio_tokens_per_s)
         self._last_layer = max(config.layers)
         self._attention: torch.Tensor | None = None  # summed over the layers of this token
+        self.windows: list[tuple[int, int]] = []  #: the window of each decode step
 
     @classmethod
-    def for_inputs(cls, config: ReadWindowConfig, input_ids: torch.Tensor,
-                   audio_token_id: int) -> ReadWindow:
+    def for_inputs(cls, config: ReadWindowConfig, input_ids: torch.Tensor, audio_token_id: int,
+                   audio_tokens_per_s: float) -> ReadWindow:
         """The window of a prompt ``input_ids`` (1, L) whose audio tokens are contiguous."""
         if input_ids.shape[0] != 1:
             raise ValueError(f"read window: one sequence at a time, got a batch of {input_ids.shape[0]}")
         pos = torch.nonzero(input_ids[0] == audio_token_id).flatten()
         if pos.numel() == 0 or int(pos[-1] - pos[0]) + 1 != pos.numel():
             raise ValueError("read window: the prompt's audio tokens are missing or not contiguous")
-        return cls(config, int(pos[0]), int(pos.numel()))
+        return cls(config, int(pos[0]), int(pos.numel()), audio_tokens_per_s)
 
     def window(self) -> tuple[int, int]:
         """``[lo, hi)``: the audio tokens (indices into the audio) the aligning layers read."""
@@ -158,15 +200,39 @@ class ReadWindow:
         lo = max(0, r.position - self._behind, r.floor)
         return min(lo, r.n_audio), min(r.n_audio, r.position + self._ahead + 1)
 
+    @property
+    def covers_all(self) -> bool:
+        """The window holds every audio token: nothing to mask."""
+        return self.window() == (0, self.reading.n_audio)
+
+    def restrict(self, read):
+        """``read`` (..., T_a) bool, NumPy or torch: what a layer reads of the audio, narrowed
+        to the window (a new array; ``read`` is left as it was)."""
+        lo, hi = self.window()
+        out = read.copy() if hasattr(read, "copy") else read.clone()
+        out[..., :lo] = False
+        out[..., hi:] = False
+        return out
+
     def keep(self, n_kv_heads: int, n_keys: int) -> torch.Tensor | None:
         """(H_kv, n_keys) keep-mask of an aligning layer's decode step; None: nothing masked."""
-        lo, hi = self.window()
-        if lo == 0 and hi == self.reading.n_audio:
+        if self.covers_all:
             return None
         keep = torch.ones(n_kv_heads, n_keys, dtype=torch.bool)
-        keep[:, self.audio_start: self.audio_start + lo] = False
-        keep[:, self.audio_start + hi: self.audio_start + self.reading.n_audio] = False
+        audio = slice(self.audio_start, self.audio_start + self.reading.n_audio)
+        keep[:, audio] = self.restrict(keep[:, audio])
         return keep
+
+    def observe(self, layer: int, audio_attention: torch.Tensor) -> None:
+        """Aligning layer ``layer``'s decode-step attention over the audio (H_q, T_a); after
+        the last aligning layer the read position moves to the peak of the head-mean summed
+        over the layers (:meth:`ReadPosition.advance`)."""
+        probs = audio_attention.mean(0)
+        self._attention = probs if self._attention is None else self._attention + probs
+        if layer == self._last_layer:
+            self.windows.append(self.window())
+            self.reading.advance(int(self._attention.argmax()))
+            self._attention = None
 
     def attention(self, module, layer: int, query, key, value, attention_mask, **kwargs):
         """Decoder layer ``layer``'s attention call: stock sdpa except at the aligning layers'
@@ -176,11 +242,7 @@ class ReadWindow:
         scaling = kwargs.get("scaling") or module.scaling
         keep = self.keep(key.shape[1], key.shape[2])
         audio = slice(self.audio_start, self.audio_start + self.reading.n_audio)
-        probs = masked_attention_probs(query, key, keep, scaling)[:, audio].mean(0)
-        self._attention = probs if self._attention is None else self._attention + probs
-        if layer == self._last_layer:
-            self.reading.advance(int(self._attention.argmax()))
-            self._attention = None
+        self.observe(layer, masked_attention_probs(query, key, keep, scaling)[:, audio])
         if keep is None:  # the stock path: bit-identical to plain decoding
             return stock_attention(module, query, key, value, attention_mask, **kwargs)
         return masked_decode_attention(query, key, value, keep, scaling), None

@@ -1,4 +1,4 @@
-"""The cycle ban (kvsim.minivox.cycle_ban): which tokens it bans, and greedy decoding under it."""
+"""The cycle ban (kvsim.live.cycle_ban): which tokens it bans, and greedy decoding under it."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import LogitsProcessorList
 
-from kvsim.minivox.cycle_ban import CycleBan, CycleBanConfig, cycle_starts
+from kvsim.live.cycle_ban import CycleBan, CycleBanConfig, cycle_starts
 from kvsim.minivox.evaluate import EvalOptions, decode_clip, generation_options, main
 from tests.test_minivox_model import _tiny_model, _tiny_tokenizer
-from tests.test_minivox_read_window import _audio
+from tests.test_read_window import _audio
 
 
 def _starts(tokens: list[int], max_period: int = 16, repeats: int = 3) -> set[int]:

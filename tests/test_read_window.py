@@ -1,7 +1,8 @@
-"""The read window (kvsim.minivox.read_window): position, mask, attention calls, generation."""
+"""The read window (kvsim.live.read_window): position, mask, attention calls, generation."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,15 +10,15 @@ import pytest
 import torch
 
 from kvsim.decode_attention import masked_decode_attention
-from kvsim.minivox.evaluate import EvalOptions, decode_clip, generation_options, main
-from kvsim.minivox.modeling import AUDIO_TOKENS_PER_SECOND
-from kvsim.minivox.read_window import (
+from kvsim.live.read_window import (
     ReadPosition,
     ReadWindow,
     ReadWindowConfig,
     reading_with,
     register_read_window,
 )
+from kvsim.minivox.evaluate import EvalOptions, decode_clip, generation_options, main
+from kvsim.minivox.modeling import AUDIO_TOKENS_PER_SECOND as RATE
 from tests.test_minivox_model import _tiny_model, _tiny_tokenizer
 
 
@@ -45,8 +46,8 @@ def test_position_past_the_audio_only_by_a_forced_step():
 
 def test_window_mask_covers_the_audio_around_the_position_and_never_the_text():
     cfg = ReadWindowConfig(behind_s=1.0, ahead_s=2.0, stall_tokens=4, layers=(1,))
-    behind, ahead = round(1.0 * AUDIO_TOKENS_PER_SECOND), round(2.0 * AUDIO_TOKENS_PER_SECOND)
-    w = ReadWindow(cfg, audio_start=3, n_audio=100)
+    behind, ahead = round(1.0 * RATE), round(2.0 * RATE)
+    w = ReadWindow(cfg, audio_start=3, n_audio=100, audio_tokens_per_s=RATE)
     assert w.window() == (0, ahead + 1)
     w.reading.position = 50
     assert w.window() == (50 - behind, 50 + ahead + 1)
@@ -62,7 +63,7 @@ def test_window_mask_covers_the_audio_around_the_position_and_never_the_text():
     expected = torch.ones(110, dtype=torch.bool)
     expected[3:3 + 99 - behind] = False  # the window reaches the audio's end, not its start
     assert torch.equal(w.keep(n_kv_heads=1, n_keys=110), expected[None])
-    assert ReadWindow(cfg, 3, n_audio=20).keep(2, 30) is None  # all audio in the window
+    assert ReadWindow(cfg, 3, n_audio=20, audio_tokens_per_s=RATE).keep(2, 30) is None  # all audio in the window
 
 
 def _layer(idx: int) -> SimpleNamespace:
@@ -80,7 +81,8 @@ def _spiked_keys(n_keys: int, at: int, d: int = 4) -> tuple[torch.Tensor, torch.
 
 def test_aligning_layer_decode_step_reads_the_window_and_moves_the_position():
     cfg = ReadWindowConfig(behind_s=0.5, ahead_s=1.0, stall_tokens=8, layers=(1, 2))
-    w = ReadWindow(cfg, audio_start=2, n_audio=60)
+    w = ReadWindow(cfg, audio_start=2, n_audio=60,
+                   audio_tokens_per_s=RATE)
     n_keys = 2 + 60 + 3
     q, k = _spiked_keys(n_keys, at=2 + 9)  # audio token 9, inside the first window
     v = torch.randn(1, 2, n_keys, 4, generator=torch.Generator().manual_seed(1))
@@ -94,7 +96,7 @@ def test_aligning_layer_decode_step_reads_the_window_and_moves_the_position():
     q, k = _spiked_keys(n_keys, at=2 + 40)
     for layer in (1, 2):
         w.attention(_layer(layer), layer, q, k, v, None, scaling=0.5)
-    assert w.reading.position <= 9 + round(1.0 * AUDIO_TOKENS_PER_SECOND)
+    assert w.reading.position <= 9 + round(1.0 * RATE)
 
 
 def _two_targets(strengths: list[float], n_keys: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,12 +115,14 @@ def test_the_peak_is_of_the_head_mean_summed_over_the_aligning_layers():
     v = torch.zeros(1, 2, 64, 4)
     # three heads at audio token 5 with half their mass there, one at 8 with all of it: the
     # head mean peaks at 5 (the strongest single head at 8)
-    w = ReadWindow(ReadWindowConfig(behind_s=5, ahead_s=5, layers=(1,)), audio_start=2, n_audio=60)
+    w = ReadWindow(ReadWindowConfig(behind_s=5, ahead_s=5, layers=(1,)), audio_start=2, n_audio=60,
+                   audio_tokens_per_s=RATE)
     q, k = _two_targets([4.1, 4.1, 4.1, -12.0])
     w.attention(_layer(1), 1, q, k, v, None, scaling=0.5)
     assert w.reading.position == 5
     # layer 1 sure of token 5, layer 2 less sure of 8: their sum peaks at 5
-    w = ReadWindow(ReadWindowConfig(behind_s=5, ahead_s=5, layers=(1, 2)), audio_start=2, n_audio=60)
+    w = ReadWindow(ReadWindowConfig(behind_s=5, ahead_s=5, layers=(1, 2)), audio_start=2, n_audio=60,
+                   audio_tokens_per_s=RATE)
     w.attention(_layer(1), 1, *_two_targets([12.0] * 4), v, None, scaling=0.5)
     w.attention(_layer(2), 2, *_two_targets([-4.1] * 4), v, None, scaling=0.5)
     assert w.reading.position == 5
@@ -127,7 +131,7 @@ def test_the_peak_is_of_the_head_mean_summed_over_the_aligning_layers():
 def test_other_layers_and_the_prefill_run_stock_sdpa():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    w = ReadWindow(ReadWindowConfig(layers=(1,)), audio_start=0, n_audio=200)
+    w = ReadWindow(ReadWindowConfig(layers=(1,)), audio_start=0, n_audio=200, audio_tokens_per_s=RATE)
     q, k = _spiked_keys(210, at=150)
     v = torch.randn(1, 2, 210, 4, generator=torch.Generator().manual_seed(2))
     stock, _ = sdpa_attention_forward(_layer(0), q, k, v, None, scaling=0.5)
@@ -159,7 +163,7 @@ def test_a_window_wider_than_the_audio_decodes_exactly_as_plain_greedy(tiny):
     inp = proc(audio=_audio(3))
     plain = model.generate(**inp, max_new_tokens=12, do_sample=False)  # no window active
     wide = ReadWindowConfig(behind_s=100, ahead_s=100, stall_tokens=10_000, layers=(1, 2))
-    window = ReadWindow.for_inputs(wide, inp["input_ids"], proc.audio_token_id)
+    window = ReadWindow.for_inputs(wide, inp["input_ids"], proc.audio_token_id, RATE)
     with reading_with(window):
         windowed = model.generate(**inp, max_new_tokens=12, do_sample=False)
     assert torch.equal(plain, windowed)
@@ -182,12 +186,12 @@ def test_decoding_stops_once_forced_steps_leave_the_audio(tiny):
 def test_for_inputs_needs_one_contiguous_run_of_audio_tokens():
     cfg = ReadWindowConfig()
     ids = torch.tensor([[1, 3, 3, 3, 2]])
-    w = ReadWindow.for_inputs(cfg, ids, audio_token_id=3)
+    w = ReadWindow.for_inputs(cfg, ids, audio_token_id=3, audio_tokens_per_s=RATE)
     assert (w.audio_start, w.reading.n_audio) == (1, 3)
     with pytest.raises(ValueError, match="not contiguous"):
-        ReadWindow.for_inputs(cfg, torch.tensor([[3, 1, 3]]), audio_token_id=3)
+        ReadWindow.for_inputs(cfg, torch.tensor([[3, 1, 3]]), audio_token_id=3, audio_tokens_per_s=RATE)
     with pytest.raises(ValueError, match="batch of 2"):
-        ReadWindow.for_inputs(cfg, ids.expand(2, -1), audio_token_id=3)
+        ReadWindow.for_inputs(cfg, ids.expand(2, -1), audio_token_id=3, audio_tokens_per_s=RATE)
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -205,3 +209,23 @@ def test_read_window_spec_round_trips_and_the_cli_rejects_a_bad_one(capsys):
     assert cfg.layers == (20, 21, 22, 23)
     with pytest.raises(SystemExit, match="--read-window '2,3': BEHIND,AHEAD,STALL"):
         main(["--read-window", "2,3"])
+
+
+@pytest.mark.parametrize("spec, layers", [
+    ("2,3,8", (20, 21, 22, 23)), ("2,3,8,20-23", (20, 21, 22, 23)), ("1,1.5,3,0-1", (0, 1)),
+    ("2,3,8,4+9-11", (4, 9, 10, 11)), ("2,3,8,7", (7,)),
+])
+def test_read_window_layers_parse_and_round_trip(spec, layers):
+    cfg = ReadWindowConfig.parse(spec)
+    assert cfg.layers == layers
+    assert ReadWindowConfig.parse(cfg.spec()) == cfg
+    assert cfg.spec() == (spec if layers != (20, 21, 22, 23) else "2,3,8")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("2,3,8,3-1", "FIRST-LAST"), ("2,3,8,1+1", "given twice"), ("2,3,8,x", "invalid literal"),
+    ("2,3,8,-1", "invalid literal"), ("2,3,8,1,2", "BEHIND,AHEAD,STALL"),
+])
+def test_read_window_bad_layers_name_the_option(spec, message):
+    with pytest.raises(ValueError, match=f"--read-window '{re.escape(spec)}'.*{message}"):
+        ReadWindowConfig.parse(spec)
