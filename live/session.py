@@ -18,7 +18,10 @@ It drives the *same* policy objects through the *same* protocol as the replay en
   policy asks for it the compressed softmax restricted to audio columns is captured (H_q, T_a),
   at the layers its ``decode_step`` reads (``step_attention_layers``; NaN elsewhere);
 * after all layers ``decode_step`` (or ``current_tiers`` for query-aware policies, as the
-  engine does) returns the tiers that take effect at step ``s + 1``.
+  engine does) returns the tiers that take effect at step ``s + 1``;
+* with a read window (:mod:`kvsim.live.read_window`, a decoding option) its aligning layers
+  read only the window of what the policy keeps and selects, and their attention moves the
+  window's read position.
 
 Invariants are checked as in the engine: tier dtype/shape, GONE absorbing, capacity, the select
 mask within the GPU tier.
