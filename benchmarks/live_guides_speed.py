@@ -23,11 +23,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from kvsim.live.cycle_ban import CycleBanConfig  # noqa: E402
+from kvsim.decoding.cycle_ban import CycleBanConfig  # noqa: E402
+from kvsim.decoding.read_window import ReadWindowConfig  # noqa: E402
 from kvsim.live.data import from_manifest  # noqa: E402
 from kvsim.live.decode import LiveConfig, live_generate, prefill_once  # noqa: E402
 from kvsim.live.models import load_backbone  # noqa: E402
-from kvsim.live.read_window import ReadWindowConfig  # noqa: E402
 from kvsim.policies.spec import PolicySpec  # noqa: E402
 from kvsim.trace.heads import read_heads  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Decode-step attention functions for transformers' attention interface (torch).
 
 Shared by the tracer (:mod:`kvsim.tracer.capture`), the live policies (:mod:`kvsim.live`) and
-minivox's read window (:mod:`kvsim.minivox.read_window`): the stock sdpa function, a
+the read window (:mod:`kvsim.decoding.read_window`): the stock sdpa function, a
 registered attention function that hands each decoder layer's call to the handler active in
 the current thread, and the attention of one decode query with a boolean keep-mask of shape
 (H_kv, N), which gives exactly zero attention mass to the positions it drops; q-head ``h``

@@ -11,11 +11,11 @@ import polars as pl
 import torch
 
 from kvsim.core.steplog import STEP_LOG_COLUMNS, RunFacts, retention_per_step
+from kvsim.decoding.cycle_ban import CycleBan, CycleBanConfig
+from kvsim.decoding.read_window import ReadWindow, ReadWindowConfig
 from kvsim.live.attention import ACTIVE, LIVE_ATTN
-from kvsim.live.cycle_ban import CycleBan, CycleBanConfig
 from kvsim.live.models import LiveModel, LivePrompt
 from kvsim.live.offload import install_offload
-from kvsim.live.read_window import ReadWindow, ReadWindowConfig
 from kvsim.live.session import LiveSession
 from kvsim.policies.base import HeadScores, PolicyContext
 from kvsim.policies.spec import PolicySpec
@@ -54,7 +54,7 @@ class LiveConfig:
     #: host round trip to save, and NumPy selects faster than small torch operations)
     device_select: bool | None = None
     #: decoding options, not the papers' protocol (None: off): the read window on the aligning
-    #: layers (:mod:`kvsim.live.read_window`) and the cycle ban (:mod:`kvsim.live.cycle_ban`)
+    #: layers (:mod:`kvsim.decoding.read_window`) and the cycle ban (:mod:`kvsim.decoding.cycle_ban`)
     read_window: ReadWindowConfig | None = None
     ban_cycles: CycleBanConfig | None = None
 

@@ -19,7 +19,7 @@ It drives the *same* policy objects through the *same* protocol as the replay en
   at the layers its ``decode_step`` reads (``step_attention_layers``; NaN elsewhere);
 * after all layers ``decode_step`` (or ``current_tiers`` for query-aware policies, as the
   engine does) returns the tiers that take effect at step ``s + 1``;
-* with a read window (:mod:`kvsim.live.read_window`, a decoding option) its aligning layers
+* with a read window (:mod:`kvsim.decoding.read_window`, a decoding option) its aligning layers
   read only the window of what the policy keeps and selects, and their attention moves the
   window's read position.
 
@@ -42,8 +42,8 @@ from kvsim.decode_attention import (
     masked_decode_attention,
     stock_attention,
 )
+from kvsim.decoding.read_window import ReadWindow
 from kvsim.live.keepmask import KeepMasks
-from kvsim.live.read_window import ReadWindow
 from kvsim.policies.base import (
     TIER_CPU,
     TIER_GONE,
@@ -86,7 +86,7 @@ class LiveSession:
         Let a policy that can (``selects_on_device``: ArkVale) select on the model's device
         on the masking path; False selects on the host with ``select`` (NumPy).
     read_window : ReadWindow or None
-        A decoding option (:mod:`kvsim.live.read_window`): at its aligning layers attention
+        A decoding option (:mod:`kvsim.decoding.read_window`): at its aligning layers attention
         reads only the audio inside the window of what the policy keeps (and selects), and
         that attention moves the window's read position. None: the policy alone.
     """

@@ -12,9 +12,9 @@ protocol: greedy decoding that never writes an n-gram of N tokens twice (Hugging
 come back as paraphrases: docs/minivox.md, "Where the long-form errors are"). ``--read-window
 BEHIND,AHEAD,STALL`` (off by default) is another: greedy decoding with the aligning layers
 reading only a window of the audio around their read position
-(:mod:`kvsim.live.read_window`); ``--ban-cycles MAX_PERIOD,REPEATS`` (off by default) is a
+(:mod:`kvsim.decoding.read_window`); ``--ban-cycles MAX_PERIOD,REPEATS`` (off by default) is a
 third: greedy decoding that may not write a short cycle of tokens more than REPEATS times in a
-row (:mod:`kvsim.live.cycle_ban`).
+row (:mod:`kvsim.decoding.cycle_ban`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import soundfile as sf
 import torch
 from transformers import LogitsProcessorList
 
-from kvsim.live.cycle_ban import CycleBan, CycleBanConfig
-from kvsim.live.read_window import (
+from kvsim.decoding.cycle_ban import CycleBan, CycleBanConfig
+from kvsim.decoding.read_window import (
     ReadPastEnd,
     ReadWindow,
     ReadWindowConfig,
@@ -66,8 +66,8 @@ class EvalOptions:
     ``chunk_seconds`` > 0: a diagnostic, not the model's protocol: every clip cut into pieces
     of that many seconds, each decoded on its own, the transcripts joined
     (:func:`audio_pieces`); 0 decodes the whole clip at once; ``read_window``: decode with
-    the aligning layers' read window (:mod:`kvsim.live.read_window`; None: plain greedy);
-    ``ban_cycles``: decode with the cycle ban (:mod:`kvsim.live.cycle_ban`; None: off).
+    the aligning layers' read window (:mod:`kvsim.decoding.read_window`; None: plain greedy);
+    ``ban_cycles``: decode with the cycle ban (:mod:`kvsim.decoding.cycle_ban`; None: off).
     """
 
     limit: int | None = None

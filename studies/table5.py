@@ -16,9 +16,9 @@ from pathlib import Path
 
 import polars as pl
 
-from kvsim.live.cycle_ban import CycleBanConfig
+from kvsim.decoding.cycle_ban import CycleBanConfig
+from kvsim.decoding.read_window import ReadWindowConfig
 from kvsim.live.decode import LiveConfig
-from kvsim.live.read_window import ReadWindowConfig
 from kvsim.live.run import PlanItem, aggregate, make_plan, wer_chart, with_method
 from kvsim.minivox import SHIPPED_HEADS
 from kvsim.studies.live_grid import GridSpec
@@ -333,7 +333,7 @@ class Table5Config:
     live_runs: tuple[Path, ...] = ()
     runs_only: bool = False
     grid: GridSpec = field(default_factory=GridSpec)
-    #: decoding options, not the papers' protocol (None: off; kvsim.live.read_window, .cycle_ban)
+    #: decoding options, not the papers' protocol (None: off; kvsim.decoding.read_window, .cycle_ban)
     read_window: ReadWindowConfig | None = None
     ban_cycles: CycleBanConfig | None = None
 

@@ -1,4 +1,4 @@
-"""The cycle ban (kvsim.live.cycle_ban): which tokens it bans, and greedy decoding under it."""
+"""The cycle ban (kvsim.decoding.cycle_ban): which tokens it bans, and greedy decoding under it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LogitsProcessorList
 
-from kvsim.live.cycle_ban import CycleBan, CycleBanConfig, cycle_starts
+from kvsim.decoding.cycle_ban import CycleBan, CycleBanConfig, cycle_starts
 from kvsim.minivox.evaluate import EvalOptions, decode_clip, generation_options, main
 from tests.test_minivox_model import _tiny_model, _tiny_tokenizer
 from tests.test_read_window import _audio

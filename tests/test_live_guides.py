@@ -1,4 +1,4 @@
-"""Live decoding with the read window and the cycle ban (kvsim.live.read_window, .cycle_ban):
+"""Live decoding with the read window and the cycle ban (kvsim.decoding.read_window, .cycle_ban):
 the same decoding as ``generate`` with them, composed with what a policy keeps."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ import pytest
 import torch
 from transformers import LogitsProcessorList
 
-from kvsim.live.cycle_ban import CycleBan, CycleBanConfig
-from kvsim.live.decode import LiveConfig, live_generate
-from kvsim.live.models import TinyBackbone, TinyConfig
-from kvsim.live.read_window import (
+from kvsim.decoding.cycle_ban import CycleBan, CycleBanConfig
+from kvsim.decoding.read_window import (
     ReadPastEnd,
     ReadWindow,
     ReadWindowConfig,
     reading_with,
     register_read_window,
 )
+from kvsim.live.decode import LiveConfig, live_generate
+from kvsim.live.models import TinyBackbone, TinyConfig
 from kvsim.policies.base import HeadScores
 from kvsim.replay.engine import PolicySpec
 from tests.test_cycle_ban import _longest_run

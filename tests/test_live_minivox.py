@@ -69,8 +69,8 @@ def test_minivox_live_with_both_options_decodes_as_evaluate_does(mv):
     attention function and logits processor inside ``generate``)."""
     from transformers import LogitsProcessorList
 
-    from kvsim.live.cycle_ban import CycleBan, CycleBanConfig
-    from kvsim.live.read_window import ReadPastEnd, ReadWindow, ReadWindowConfig, reading_with
+    from kvsim.decoding.cycle_ban import CycleBan, CycleBanConfig
+    from kvsim.decoding.read_window import ReadPastEnd, ReadWindow, ReadWindowConfig, reading_with
     from kvsim.minivox.evaluate import EvalOptions, load_for
 
     lm, prompt, _, _, _ = mv

@@ -1,4 +1,4 @@
-"""The read window (kvsim.live.read_window): position, mask, attention calls, generation."""
+"""The read window (kvsim.decoding.read_window): position, mask, attention calls, generation."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvsim.decode_attention import masked_decode_attention
-from kvsim.live.read_window import (
+from kvsim.decoding.read_window import (
     ReadPosition,
     ReadWindow,
     ReadWindowConfig,

@@ -85,8 +85,8 @@ BanCyclesOption = Annotated[str | None, typer.Option(
 def parse_guides(read_window: str | None, ban_cycles: str | None) -> dict[str, Any]:
     """``LiveConfig`` keyword arguments of ``--read-window`` / ``--ban-cycles`` (ValueError on a
     bad value, naming the option)."""
-    from kvsim.live.cycle_ban import CycleBanConfig
-    from kvsim.live.read_window import ReadWindowConfig
+    from kvsim.decoding.cycle_ban import CycleBanConfig
+    from kvsim.decoding.read_window import ReadWindowConfig
 
     return {"read_window": ReadWindowConfig.parse(read_window) if read_window else None,
             "ban_cycles": CycleBanConfig.parse(ban_cycles) if ban_cycles else None}

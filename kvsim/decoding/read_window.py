@@ -33,7 +33,7 @@ from kvsim.decode_attention import (
     register_dispatching_attention,
     stock_attention,
 )
-from kvsim.live.option_spec import parse_comma_option
+from kvsim.decoding.option_spec import parse_comma_option
 
 #: The name the read-window attention function is registered under.
 READ_WINDOW_ATTN = "minivox_read_window"

@@ -2,7 +2,7 @@
 
 A decoding option of ``kvsim live`` and of :mod:`kvsim.minivox.evaluate` (``--ban-cycles``),
 not the papers' protocol (plain greedy decoding). The loops minivox is left with under the read
-window (:mod:`kvsim.live.read_window`) are short cycles written over and over ("China, China,
+window (:mod:`kvsim.decoding.read_window`) are short cycles written over and over ("China, China,
 China, ..."; "or assert, or assert, ..."): docs/minivox.md, "Break the loops". Hugging Face's ``no_repeat_ngram_size`` bans every n-gram written before anywhere in
 the transcript, which also forbids the phrases a text legitimately repeats; this ban looks only
 at the tail: once the last ``repeats * p`` generated tokens are ``repeats`` copies of one cycle
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor
 
-from kvsim.live.option_spec import parse_comma_option
+from kvsim.decoding.option_spec import parse_comma_option
 
 
 @dataclass(frozen=True)
