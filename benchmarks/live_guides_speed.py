@@ -14,41 +14,20 @@ Usage: python benchmarks/live_guides_speed.py [--data /work/data/minivox] [--spl
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
-from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+from _minivox_clip import HEADS, clip_options, prefilled_clip
 
-import torch  # noqa: E402
-
-from kvsim.decoding.cycle_ban import CycleBanConfig  # noqa: E402
-from kvsim.decoding.read_window import ReadWindowConfig  # noqa: E402
-from kvsim.live.data import from_manifest  # noqa: E402
-from kvsim.live.decode import LiveConfig, live_generate, prefill_once  # noqa: E402
-from kvsim.live.models import load_backbone  # noqa: E402
-from kvsim.policies.spec import PolicySpec  # noqa: E402
-from kvsim.trace.heads import read_heads  # noqa: E402
-
-HEADS = Path(__file__).resolve().parent.parent / "minivox" / "heads.json"
+from kvsim.decoding.cycle_ban import CycleBanConfig
+from kvsim.decoding.read_window import ReadWindowConfig
+from kvsim.live.decode import LiveConfig, live_generate
+from kvsim.policies.spec import PolicySpec
+from kvsim.trace.heads import read_heads
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--data", type=Path, default=Path("/work/data/minivox"))
-    ap.add_argument("--split", default="test_long")
-    ap.add_argument("--clip", type=int, default=7)
-    ap.add_argument("--tokens", type=int, default=32, help="new tokens per run")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--budget", type=float, default=0.2)
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    lm = load_backbone("minivox")
-    item = from_manifest(args.data / "manifest.parquet", args.split)[args.clip]
-    audio, _ = item.load()
-    prompt = lm.prepare(audio)
-    prefilled = prefill_once(lm, prompt)
+    args = clip_options("test_long", clip=7, tokens=32, rounds=3).parse_args()
+    lm, item, prompt, prefilled = prefilled_clip(args)
     plain = LiveConfig(max_new_tokens=args.tokens, head_scores=read_heads(HEADS))
     guided = LiveConfig(max_new_tokens=args.tokens, head_scores=plain.head_scores,
                         read_window=ReadWindowConfig.parse("2,3,8"), ban_cycles=CycleBanConfig.parse("16,3"))

@@ -13,41 +13,20 @@ Usage: python benchmarks/live_speed.py [--data /work/data/minivox] [--split test
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import os
 import statistics
 import time
-from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+from _minivox_clip import HEADS, clip_options, prefilled_clip
 
-import torch  # noqa: E402
-
-from kvsim.live.data import from_manifest  # noqa: E402
-from kvsim.live.decode import LiveConfig, live_generate, prefill_once  # noqa: E402
-from kvsim.live.models import load_backbone  # noqa: E402
-from kvsim.policies.spec import PolicySpec  # noqa: E402
-from kvsim.trace.heads import read_heads  # noqa: E402
-
-HEADS = Path(__file__).resolve().parent.parent / "minivox" / "heads.json"
+from kvsim.live.decode import LiveConfig, live_generate
+from kvsim.policies.spec import PolicySpec
+from kvsim.trace.heads import read_heads
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--data", type=Path, default=Path("/work/data/minivox"))
-    ap.add_argument("--split", default="test_30_60")
-    ap.add_argument("--clip", type=int, default=0)
-    ap.add_argument("--tokens", type=int, default=24, help="new tokens per run (<= 100)")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--budget", type=float, default=0.2)
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    lm = load_backbone("minivox")
-    item = from_manifest(args.data / "manifest.parquet", args.split)[args.clip]
-    audio, _ = item.load()
-    prompt = lm.prepare(audio)
-    prefilled = prefill_once(lm, prompt)
+    args = clip_options("test_30_60", clip=0, tokens=24, rounds=2).parse_args()
+    lm, item, prompt, prefilled = prefilled_clip(args)
     cfg = LiveConfig(max_new_tokens=args.tokens, head_scores=read_heads(HEADS))
     specs = [PolicySpec("full", 1.0), PolicySpec("wnw", args.budget), PolicySpec("arkvale", args.budget)]
     ms: dict[str, list[float]] = {s.name: [] for s in specs}
