@@ -58,7 +58,7 @@ class LiveConfig:
     read_window: ReadWindowConfig | None = None
     ban_cycles: CycleBanConfig | None = None
 
-    def guide_options(self) -> dict[str, str]:
+    def decoding_options(self) -> dict[str, str]:
         """The decoding options that are on, as their command-line values (``read_window``,
         ``ban_cycles``); empty for the papers' plain greedy decoding."""
         on = {"read_window": self.read_window, "ban_cycles": self.ban_cycles}
@@ -276,7 +276,7 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
         ACTIVE.reset(token)
     summary = _run_summary(session, ctx, spec, prompt, prefill_s, step_ms, terminated,
                            len(tokens), kv_retention)
-    summary.update(_guide_summary(cfg, session.read_window, ban))
+    summary.update(_decoding_option_summary(cfg, session.read_window, ban))
     if stats is not None:
         summary.update(_physical_summary(stats, cache, len(step_ms)))
     if peak is not None:
@@ -291,7 +291,7 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
                           if session.read_window is not None else {}))
 
 
-def _guide_summary(cfg: LiveConfig, window: ReadWindow | None,
+def _decoding_option_summary(cfg: LiveConfig, window: ReadWindow | None,
                    ban: CycleBan | None) -> dict[str, Any]:
     """The decoding options of the run and what they did (None / 0 when off)."""
     return {

@@ -51,7 +51,7 @@ def live_grid(items: Sequence, plan: Sequence[PlanItem], cfg: LiveConfig, out: P
 
     config = {"model": grid.model, "plan": [f"{p.transform}/{p.spec.label}@{p.spec.budget:g}" for p in plan],
               "max_new_tokens": cfg.max_new_tokens, "physical": cfg.physical, "dtype": grid.dtype,
-              **cfg.guide_options(),
+              **cfg.decoding_options(),
               **{k: v for k, v in job_args.items() if isinstance(v, (str, int, float, type(None)))}}
     old = read_manifest(Path(out))
     same = old is not None and old.get("command") == "live" and old.get("config") == config

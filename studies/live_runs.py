@@ -43,9 +43,9 @@ def read_live_runs(folder: Path) -> pl.DataFrame | None:
     return pl.concat([pl.read_parquet(p, glob=False) for p in parts], how="diagonal_relaxed")
 
 
-#: ``run.json`` config fields of the decoding options (:meth:`LiveConfig.guide_options`),
+#: ``run.json`` config fields of the decoding options (:meth:`LiveConfig.decoding_options`),
 #: written only when an option is on
-GUIDE_KEYS = ("read_window", "ban_cycles")
+DECODING_OPTION_KEYS = ("read_window", "ban_cycles")
 
 
 def check_options(folder: Path, expected: dict[str, Any]) -> None:
@@ -55,7 +55,7 @@ def check_options(folder: Path, expected: dict[str, Any]) -> None:
 
     config = (read_manifest(folder) or {}).get("config") or {}
     for key, want in expected.items():
-        if key in GUIDE_KEYS:  # recorded only when on: absent is plain greedy decoding
+        if key in DECODING_OPTION_KEYS:  # recorded only when on: absent is plain greedy decoding
             config = {key: None, **config}
         if key in config and config[key] != want:
             raise LiveRunsError(f"{folder / MANIFEST}: config field {key!r} is {config[key]!r}, "

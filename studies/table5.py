@@ -82,7 +82,7 @@ class Table5Info:
     max_seconds: float | None = None  #: clips (and references) cropped to this length
     lambda_fit: str = "measured"  #: how ``lambdas`` were fitted (measured | prefill)
     max_new_tokens: int | None = None  #: the token cap of the runs
-    guides: dict[str, str] = field(default_factory=dict)  #: decoding options on (LiveConfig.guide_options)
+    decoding_options: dict[str, str] = field(default_factory=dict)  #: those on (LiveConfig.decoding_options)
 
 
 def run_lambdas(runs: pl.DataFrame) -> dict[float, float | None]:
@@ -268,8 +268,8 @@ def table5_notes(runs: pl.DataFrame, info: Table5Info) -> list[str]:
              "Reading the tables: WER above 100% means the hypothesis ran past the reference "
              "(a method that fails to terminate); WnW's r_GPU+CPU above its r_GPU is the CPU "
              "complement its tidal heads can recall (the paper's 41.5% at a 0.2 target)."]
-    if info.guides:
-        notes.append(guides_note(info.guides))
+    if info.decoding_options:
+        notes.append(decoding_options_note(info.decoding_options))
     cut = cap_note(runs, info.max_new_tokens)
     if cut:
         notes.append(cut)
@@ -280,13 +280,13 @@ def table5_notes(runs: pl.DataFrame, info: Table5Info) -> list[str]:
     return notes
 
 
-def guides_note(guides: dict[str, str]) -> str:
+def decoding_options_note(options: dict[str, str]) -> str:
     """What the decoding options of the runs were (not the papers' plain greedy decoding)."""
     said = {"read_window": "a read window on the aligning layers (`--read-window {}`)",
             "ban_cycles": "a ban on short loops (`--ban-cycles {}`)"}
     return ("Decoding options, the same for every method, Full Cache included, and not the "
             "papers' protocol (plain greedy decoding): "
-            + " and ".join(said[key].format(value) for key, value in guides.items())
+            + " and ".join(said[key].format(value) for key, value in options.items())
             + "; see docs/live.md, \"Decoding options\".")
 
 
@@ -372,7 +372,7 @@ def build_plan(cfg: Table5Config, scores) -> list[PlanItem]:
 def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print) -> StudyReport:
     """Decode (or read from ``cfg.live_runs``) the grid and build the report; decoded runs go
     to ``out / "live"`` (a ``kvsim live`` run folder, reused by a later call)."""
-    from kvsim.studies.live_runs import GUIDE_KEYS, combine
+    from kvsim.studies.live_runs import DECODING_OPTION_KEYS, combine
     from kvsim.studies.wnw_lambda import lambda_of
     from kvsim.trace.heads import read_heads
 
@@ -380,9 +380,9 @@ def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print)
     plan = build_plan(cfg, scores)
     runs, sources = None, {}
     if cfg.live_runs:
-        guides = cfg.live_config(scores).guide_options()
+        options = cfg.live_config(scores).decoding_options()
         expected = {"model": cfg.grid.model, "max_new_tokens": cfg.max_new_tokens, "max_seconds": cfg.max_seconds,
-                    **{key: guides.get(key) for key in GUIDE_KEYS}}
+                    **{key: options.get(key) for key in DECODING_OPTION_KEYS}}
         runs, sources = combine(cfg.live_runs, expected)
     if cfg.runs_only:
         if runs is None:
@@ -398,7 +398,7 @@ def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print)
         runs = decode_missing(runs, groups, items, cfg, scores, out, log)
     info = Table5Info(inputs=inputs, split=cfg.split, sources=sources, model=cfg.grid.model,
                       max_seconds=cfg.max_seconds, lambda_fit=cfg.lambda_fit,
-                      max_new_tokens=cfg.max_new_tokens, guides=cfg.live_config(scores).guide_options(),
+                      max_new_tokens=cfg.max_new_tokens, decoding_options=cfg.live_config(scores).decoding_options(),
                       lambdas={p.spec.budget: lambda_of(p) for p in plan if p.spec.name == "wnw"},
                       decoded=sorted({f"{p.spec.label}@{p.spec.budget:g}" for g, _ in groups for p in g}))
     report = table5_report(runs, cfg.budgets, info)

@@ -82,7 +82,7 @@ BanCyclesOption = Annotated[str | None, typer.Option(
          "row of a cycle of at most MAX_PERIOD tokens is banned (e.g. 16,3)")]
 
 
-def parse_guides(read_window: str | None, ban_cycles: str | None) -> dict[str, Any]:
+def parse_decoding_options(read_window: str | None, ban_cycles: str | None) -> dict[str, Any]:
     """``LiveConfig`` keyword arguments of ``--read-window`` / ``--ban-cycles`` (ValueError on a
     bad value, naming the option)."""
     from kvsim.decoding.cycle_ban import CycleBanConfig

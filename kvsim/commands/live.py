@@ -15,7 +15,7 @@ from kvsim.commands._options import (
     ReadWindowOption,
     announce_shipped_calibration,
     calibration_for,
-    parse_guides,
+    parse_decoding_options,
 )
 from kvsim.commands._table import Column, FormatOption, TableFormat, WideOption, print_frame
 
@@ -91,12 +91,12 @@ def live(
             announce_shipped_calibration(calibration, "--calibration")
         scores = read_heads(calibration) if calibration else None
         cfg = LiveConfig(max_new_tokens=max_new_tokens, physical=physical, head_scores=scores,
-                         **parse_guides(read_window, ban_cycles))
+                         **parse_decoding_options(read_window, ban_cycles))
         config = {"model": model, "plan": [f"{p.transform}/{p.spec.label}@{p.spec.budget:g}" for p in plan],
                   "max_new_tokens": max_new_tokens, "max_seconds": max_seconds, "task": task,
                   "language": language, "instruction": instruction, "physical": physical,
                   "calibration": str(calibration) if calibration else None, "dtype": dtype,
-                  **cfg.guide_options()}
+                  **cfg.decoding_options()}
         check_out_dir(out)
         decode = _decoder(model, device, dtype, ray, cfg)
         run = RunDir.open(out, "live", [i.id for i in items], config, resume=resume)

@@ -50,7 +50,7 @@ def table5(
 ) -> None:
     """Live truncated WER vs measured r_GPU per method on minivox, beside WnW's Table 5 (Voxtral-mini-3b and Qwen2.5-Omni-3B)."""
     from kvsim.commands._errors import err, fail
-    from kvsim.commands._options import check_positive_ints, check_range, parse_guides
+    from kvsim.commands._options import check_positive_ints, check_range, parse_decoding_options
     from kvsim.specs import parse_budgets
     from kvsim.studies.live_grid import GridSpec
     from kvsim.studies.table5 import DEFAULT_METHODS, QUICK, Table5Config, run_table5
@@ -69,7 +69,7 @@ def table5(
             calibration_traces=tuple(Path(p) for p in _split(calibration_traces)),
             lambda_fit=lambda_fit,
             live_runs=tuple(Path(p) for p in _split(live_runs)), runs_only=runs_only,
-            grid=GridSpec(model=model, device=device, ray=ray), **parse_guides(read_window, ban_cycles))
+            grid=GridSpec(model=model, device=device, ray=ray), **parse_decoding_options(read_window, ban_cycles))
         if quick:
             for key, value in QUICK.items():
                 if key != "methods" or not policy:

@@ -49,7 +49,7 @@ def scores():
     return HeadScores(rng.random((3, 4)), rng.random((3, 4)), source="test")
 
 
-def _generate_with_guides(prompt, window_cfg, ban_cfg, n_new) -> tuple[list[int], ReadWindow, CycleBan]:
+def _generate_with_options(prompt, window_cfg, ban_cfg, n_new) -> tuple[list[int], ReadWindow, CycleBan]:
     """The reference: stock ``generate`` on a second copy of the tiny backbone whose decoder
     runs the read window's own attention function, with the ban as a logits processor."""
     ref = TinyBackbone(SHAPE)
@@ -65,7 +65,7 @@ def _generate_with_guides(prompt, window_cfg, ban_cfg, n_new) -> tuple[list[int]
 
 
 def test_live_full_cache_with_both_options_decodes_as_generate_with_them(lm, prompt):
-    expected, window, ban = _generate_with_guides(prompt, WINDOW, BAN, N_NEW)
+    expected, window, ban = _generate_with_options(prompt, WINDOW, BAN, N_NEW)
     cfg = LiveConfig(max_new_tokens=N_NEW, read_window=WINDOW, ban_cycles=BAN)
     run = live_generate(lm, prompt, PolicySpec("full", 1.0), cfg)
     assert ban.fired > 0 and window.reading.forced > 0  # both options acted

@@ -8,7 +8,7 @@ sdpa to move the read position) and the ban's scan of the last tokens. Both runs
 stop at the same token count (``--tokens``), so the figure compares like with like even where
 the options change the tokens.
 
-Usage: python benchmarks/live_guides_speed.py [--data /work/data/minivox] [--split test_long]
+Usage: python benchmarks/live_options_speed.py [--data /work/data/minivox] [--split test_long]
        [--clip 7] [--tokens 32] [--rounds 3] [--budget 0.2]
 """
 
@@ -29,10 +29,10 @@ def main() -> None:
     args = clip_options("test_long", clip=7, tokens=32, rounds=3).parse_args()
     lm, item, prompt, prefilled = prefilled_clip(args)
     plain = LiveConfig(max_new_tokens=args.tokens, head_scores=read_heads(HEADS))
-    guided = LiveConfig(max_new_tokens=args.tokens, head_scores=plain.head_scores,
+    with_options = LiveConfig(max_new_tokens=args.tokens, head_scores=plain.head_scores,
                         read_window=ReadWindowConfig.parse("2,3,8"), ban_cycles=CycleBanConfig.parse("16,3"))
     runs = [(spec, name, cfg) for spec in (PolicySpec("full", 1.0), PolicySpec("wnw", args.budget))
-            for name, cfg in (("plain", plain), ("options", guided))]
+            for name, cfg in (("plain", plain), ("options", with_options))]
     ms: dict[tuple[str, str], list[float]] = {(s.name, n): [] for s, n, _ in runs}
     steps: dict[tuple[str, str], int] = {}
     for _ in range(args.rounds):
