@@ -1,4 +1,13 @@
-"""The read window (kvsim.decoding.read_window): position, mask, attention calls, generation."""
+"""The read window (kvsim.decoding.read_window): position, mask, attention calls, generation.
+
+Mutation testing (mutmut 3.8.1 on kvsim/decoding/, with this file, tests/test_cycle_ban.py and
+tests/test_live_decoding_options.py, in a staging copy as scripts/mutation_test.sh makes, with
+[tool.mutmut] pointed at kvsim/decoding/; 2026-12-05): 389 mutants, all killed or timed out but two
+equivalent ones (``torch.full`` of a bool without ``dtype=torch.bool`` is bool anyway) and
+``register_read_window`` registering ``None`` for the context variable, which fails
+test_a_window_wider_than_the_audio_decodes_exactly_as_plain_greedy in a fresh process (mutmut's
+forked runs inherit the registration made before the mutant was switched on).
+"""
 
 from __future__ import annotations
 
@@ -87,8 +96,8 @@ def test_aligning_layer_decode_step_reads_the_window_and_moves_the_position():
     q, k = _spiked_keys(n_keys, at=2 + 9)  # audio token 9, inside the first window
     v = torch.randn(1, 2, n_keys, 4, generator=torch.Generator().manual_seed(1))
     keep = w.keep(2, n_keys)
-    out, _ = w.attention(_layer(1), 1, q, k, v, None, scaling=0.5)
-    assert torch.equal(out, masked_decode_attention(q, k, v, keep, 0.5))
+    out, _ = w.attention(_layer(1), 1, q, k, v, None, scaling=0.3)  # the call's scaling, not the layer's
+    assert torch.equal(out, masked_decode_attention(q, k, v, keep, 0.3))
     assert w.reading.position == 0  # moved only after the last aligning layer
     w.attention(_layer(2), 2, q, k, v, None, scaling=0.5)
     assert w.reading.position == 9 and w.reading.path == [9]
@@ -134,14 +143,33 @@ def test_other_layers_and_the_prefill_run_stock_sdpa():
     w = ReadWindow(ReadWindowConfig(layers=(1,)), audio_start=0, n_audio=200, audio_tokens_per_s=RATE)
     q, k = _spiked_keys(210, at=150)
     v = torch.randn(1, 2, 210, 4, generator=torch.Generator().manual_seed(2))
-    stock, _ = sdpa_attention_forward(_layer(0), q, k, v, None, scaling=0.5)
-    out, _ = w.attention(_layer(0), 0, q, k, v, None, scaling=0.5)
+    # the call's mask and scaling reach sdpa (a mask that hides the spike, a scaling not the layer's)
+    mask = torch.ones(1, 1, 1, 210, dtype=torch.bool)
+    mask[..., 150] = False
+    stock, _ = sdpa_attention_forward(_layer(0), q, k, v, mask, scaling=0.3)
+    out, _ = w.attention(_layer(0), 0, q, k, v, mask, scaling=0.3)
     assert torch.equal(out, stock)
+    assert not torch.equal(out, sdpa_attention_forward(_layer(0), q, k, v, None, scaling=0.5)[0])
     prefill_q = torch.ones(1, 4, 5, 4)
-    stock, _ = sdpa_attention_forward(_layer(1), prefill_q, k, v, None, scaling=0.5)
-    out, _ = w.attention(_layer(1), 1, prefill_q, k, v, None, scaling=0.5)
+    prefill_mask = mask.expand(1, 1, 5, 210)
+    stock, _ = sdpa_attention_forward(_layer(1), prefill_q, k, v, prefill_mask, scaling=0.3)
+    out, _ = w.attention(_layer(1), 1, prefill_q, k, v, prefill_mask, scaling=0.3)
     assert torch.equal(out, stock)
     assert w.reading.path == []
+
+
+def test_an_aligning_layer_whose_window_holds_all_audio_runs_stock_sdpa():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    w = ReadWindow(ReadWindowConfig(behind_s=100, ahead_s=100, layers=(1,)), audio_start=0, n_audio=200,
+                   audio_tokens_per_s=RATE)
+    q, k = _spiked_keys(210, at=150)
+    v = torch.randn(1, 2, 210, 4, generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(1, 1, 1, 210, dtype=torch.bool)
+    mask[..., 7] = False
+    stock, _ = sdpa_attention_forward(_layer(1), q, k, v, mask, scaling=0.3)
+    out, _ = w.attention(_layer(1), 1, q, k, v, mask, scaling=0.3)
+    assert torch.equal(out, stock) and w.reading.path == [150]
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +216,10 @@ def test_for_inputs_needs_one_contiguous_run_of_audio_tokens():
     ids = torch.tensor([[1, 3, 3, 3, 2]])
     w = ReadWindow.for_inputs(cfg, ids, audio_token_id=3, audio_tokens_per_s=RATE)
     assert (w.audio_start, w.reading.n_audio) == (1, 3)
+    one = ReadWindow.for_inputs(cfg, torch.tensor([[1, 3, 2]]), audio_token_id=3, audio_tokens_per_s=RATE)
+    assert (one.audio_start, one.reading.n_audio) == (1, 1)
+    with pytest.raises(ValueError, match="^read window: the prompt.s audio tokens are missing or not contiguous$"):
+        ReadWindow.for_inputs(cfg, torch.tensor([[1, 2]]), audio_token_id=3, audio_tokens_per_s=RATE)
     with pytest.raises(ValueError, match="not contiguous"):
         ReadWindow.for_inputs(cfg, torch.tensor([[3, 1, 3]]), audio_token_id=3, audio_tokens_per_s=RATE)
     with pytest.raises(ValueError, match="batch of 2"):
