@@ -137,21 +137,27 @@ def test_the_peak_is_of_the_head_mean_summed_over_the_aligning_layers():
     assert w.reading.position == 5
 
 
+def _masked_call(hidden: int) -> tuple[torch.Tensor, ...]:
+    """A decode query, keys peaking at key 150, values and a mask that hides key ``hidden``
+    (210 keys: 200 audio tokens from 0, 10 more)."""
+    q, k = _spiked_keys(210, at=150)
+    v = torch.randn(1, 2, 210, 4, generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(1, 1, 1, 210, dtype=torch.bool)
+    mask[..., hidden] = False
+    return q, k, v, mask
+
+
 def test_other_layers_and_the_prefill_run_stock_sdpa():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     w = ReadWindow(ReadWindowConfig(layers=(1,)), audio_start=0, n_audio=200, audio_tokens_per_s=RATE)
-    q, k = _spiked_keys(210, at=150)
-    v = torch.randn(1, 2, 210, 4, generator=torch.Generator().manual_seed(2))
     # the call's mask and scaling reach sdpa (a mask that hides the spike, a scaling not the layer's)
-    mask = torch.ones(1, 1, 1, 210, dtype=torch.bool)
-    mask[..., 150] = False
+    q, k, v, mask = _masked_call(hidden=150)
     stock, _ = sdpa_attention_forward(_layer(0), q, k, v, mask, scaling=0.3)
     out, _ = w.attention(_layer(0), 0, q, k, v, mask, scaling=0.3)
     assert torch.equal(out, stock)
     assert not torch.equal(out, sdpa_attention_forward(_layer(0), q, k, v, None, scaling=0.5)[0])
-    prefill_q = torch.ones(1, 4, 5, 4)
-    prefill_mask = mask.expand(1, 1, 5, 210)
+    prefill_q, prefill_mask = torch.ones(1, 4, 5, 4), mask.expand(1, 1, 5, 210)
     stock, _ = sdpa_attention_forward(_layer(1), prefill_q, k, v, prefill_mask, scaling=0.3)
     out, _ = w.attention(_layer(1), 1, prefill_q, k, v, prefill_mask, scaling=0.3)
     assert torch.equal(out, stock)
@@ -163,10 +169,7 @@ def test_an_aligning_layer_whose_window_holds_all_audio_runs_stock_sdpa():
 
     w = ReadWindow(ReadWindowConfig(behind_s=100, ahead_s=100, layers=(1,)), audio_start=0, n_audio=200,
                    audio_tokens_per_s=RATE)
-    q, k = _spiked_keys(210, at=150)
-    v = torch.randn(1, 2, 210, 4, generator=torch.Generator().manual_seed(2))
-    mask = torch.ones(1, 1, 1, 210, dtype=torch.bool)
-    mask[..., 7] = False
+    q, k, v, mask = _masked_call(hidden=7)
     stock, _ = sdpa_attention_forward(_layer(1), q, k, v, mask, scaling=0.3)
     out, _ = w.attention(_layer(1), 1, q, k, v, mask, scaling=0.3)
     assert torch.equal(out, stock) and w.reading.path == [150]
