@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -18,6 +18,9 @@ from kvsim.commands._options import (
     parse_decoding_options,
 )
 from kvsim.commands._table import Column, FormatOption, TableFormat, WideOption, print_frame
+
+if TYPE_CHECKING:
+    from kvsim.live.decode import LiveConfig
 
 #: The live summary: the compact set fits 80 columns with whole policy names.
 LIVE_COLUMNS = [
@@ -110,7 +113,8 @@ def live(
         raise typer.Exit(1)
 
 
-def _decoder(model: str, device: str, dtype: str, ray: str | None, cfg) -> Callable[..., Any]:
+def _decoder(model: str, device: str, dtype: str, ray: str | None,
+             cfg: LiveConfig) -> Callable[..., Any]:
     """``(job, run, log) -> runs frame``: the model loaded here and :func:`run_live`, or with
     ``--ray`` the model checked here (loaded by the workers) and the Ray tasks. ValueError
     (one line) on a device or dtype this machine cannot use, before the model loads (the
