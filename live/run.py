@@ -207,7 +207,9 @@ def _write_step_log(out: Path, name: str, run: LiveRun) -> str:
 
 
 def aggregate(frame: pl.DataFrame, averaging: str = "corpus") -> pl.DataFrame:
-    """One row per (transform, policy, budget): means over inputs, termination rate.
+    """One row per (transform, policy, budget): means over inputs, termination rate, and with
+    the decoding options their values, mean pushes and bans, and the share of runs the read
+    window ended (``read_stop_rate``).
 
     ``wer`` is the truncated WER of the set: pooled over utterances (``averaging="corpus"``,
     ``wer_corpus``: errors / reference words, as jiwer over the lists) or the mean of the
@@ -219,9 +221,15 @@ def aggregate(frame: pl.DataFrame, averaging: str = "corpus") -> pl.DataFrame:
             pl.col("terminated").cast(pl.Float64).mean().alias("termination_rate"),
             pl.col("h2d_mb_per_step").mean(), pl.col("transfers_per_step").mean(),
             pl.col("ms_per_token").mean(), pl.col("input_retention").mean()]
-    for col in ("wer_untruncated", "length_ratio", "bleu", "physical_h2d_mb_per_step", "peak_mem_mb"):
+    for col in ("wer_untruncated", "length_ratio", "bleu", "physical_h2d_mb_per_step", "peak_mem_mb",
+                "read_forced", "cycle_bans"):
         if col in frame.columns:
             aggs.append(pl.col(col).mean())
+    for col in ("read_window", "ban_cycles"):  # the decoding options: one value per run folder
+        if col in frame.columns:
+            aggs.append(pl.col(col).first())
+    if "read_stopped" in frame.columns:
+        aggs.append(pl.col("read_stopped").cast(pl.Float64).mean().alias("read_stop_rate"))
     if "wer" in frame.columns:
         aggs.append(pl.col("wer").mean().alias("wer_utterance_mean"))
         if "wer_errors" in frame.columns:  # runs written before the errors were kept have none

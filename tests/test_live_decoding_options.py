@@ -166,6 +166,13 @@ def test_live_cli_records_the_options_and_what_they_did(tmp_path):
     runs = pl.read_parquet(out / "runs.parquet")
     assert set(runs["read_window"]) == {"0.5,1,3,0-1"} and set(runs["ban_cycles"]) == {"4,2"}
     assert runs["cycle_bans"].sum() > 0 and runs["read_forced"].sum() > 0
+    results = pl.read_parquet(out / "results.parquet").sort("policy")
+    assert results["read_window"].to_list() == ["0.5,1,3,0-1"] * 2
+    for policy in ("full", "snapkv"):
+        mine = runs.filter(pl.col("policy") == policy)
+        row = results.filter(pl.col("policy") == policy)
+        assert row["cycle_bans"][0] == pytest.approx(mine["cycle_bans"].mean())
+        assert row["read_stop_rate"][0] == pytest.approx(mine["read_stopped"].cast(pl.Float64).mean())
     plain = tmp_path / "plain"
     res = CliRunner().invoke(app, ["live", str(clips), "--model", "tiny", "--max-new-tokens", "20",
                                    "--no-plot", "-o", str(plain)])
