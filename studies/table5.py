@@ -379,8 +379,8 @@ def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print)
     scores = read_heads(cfg.heads) if cfg.heads else None
     plan = build_plan(cfg, scores)
     runs, sources = None, {}
+    options = cfg.live_config(scores).decoding_options()
     if cfg.live_runs:
-        options = cfg.live_config(scores).decoding_options()
         expected = {"model": cfg.grid.model, "max_new_tokens": cfg.max_new_tokens, "max_seconds": cfg.max_seconds,
                     **{key: options.get(key) for key in DECODING_OPTION_KEYS}}
         runs, sources = combine(cfg.live_runs, expected)
@@ -398,7 +398,7 @@ def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print)
         runs = decode_missing(runs, groups, items, cfg, scores, out, log)
     info = Table5Info(inputs=inputs, split=cfg.split, sources=sources, model=cfg.grid.model,
                       max_seconds=cfg.max_seconds, lambda_fit=cfg.lambda_fit,
-                      max_new_tokens=cfg.max_new_tokens, decoding_options=cfg.live_config(scores).decoding_options(),
+                      max_new_tokens=cfg.max_new_tokens, decoding_options=options,
                       lambdas={p.spec.budget: lambda_of(p) for p in plan if p.spec.name == "wnw"},
                       decoded=sorted({f"{p.spec.label}@{p.spec.budget:g}" for g, _ in groups for p in g}))
     report = table5_report(runs, cfg.budgets, info)

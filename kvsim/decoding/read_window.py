@@ -182,6 +182,8 @@ class ReadWindow:
         self._last_layer = max(config.layers)
         self._attention: torch.Tensor | None = None  # summed over the layers of this token
         self.windows: list[tuple[int, int]] = []  #: the window of each decode step
+        self._keep: torch.Tensor | None = None  # the keep-mask of the current step ...
+        self._keep_shape: tuple | None = None  # ... for this (window, H_kv, n_keys)
 
     @classmethod
     def for_inputs(cls, config: ReadWindowConfig, input_ids: torch.Tensor, audio_token_id: int,
@@ -215,13 +217,17 @@ class ReadWindow:
         return out
 
     def keep(self, n_kv_heads: int, n_keys: int) -> torch.Tensor | None:
-        """(H_kv, n_keys) keep-mask of an aligning layer's decode step; None: nothing masked."""
+        """(H_kv, n_keys) keep-mask of an aligning layer's decode step; None: nothing masked.
+        Built once per decode step: the aligning layers of one step share it (read only)."""
         if self.covers_all:
             return None
-        keep = torch.ones(n_kv_heads, n_keys, dtype=torch.bool)
-        audio = slice(self.audio_start, self.audio_start + self.reading.n_audio)
-        keep[:, audio] = self.restrict(keep[:, audio])
-        return keep
+        shape = (self.window(), n_kv_heads, n_keys)
+        if self._keep_shape != shape:
+            keep = torch.ones(n_kv_heads, n_keys, dtype=torch.bool)
+            audio = slice(self.audio_start, self.audio_start + self.reading.n_audio)
+            keep[:, audio] = self.restrict(keep[:, audio])
+            self._keep, self._keep_shape = keep, shape
+        return self._keep
 
     def observe(self, layer: int, audio_attention: torch.Tensor) -> None:
         """Aligning layer ``layer``'s decode-step attention over the audio (H_q, T_a); after
