@@ -178,6 +178,9 @@ def _read_window(lm: LiveModel, prompt: LivePrompt, cfg: LiveConfig) -> ReadWind
     if cfg.read_window is None:
         return None
     cfg.read_window.check_layers(lm.layout.n_layers, lm.name)
+    if cfg.read_window.limits_others:
+        raise ValueError("read window: limiting the other layers' reach (others_s) is a "
+                         "diagnostic of python -m kvsim.minivox.evaluate, not of live decoding")
     audio = prompt.audio_positions
     if prompt.layer_pool is not None or int(audio[-1] - audio[0]) + 1 != len(audio):
         raise ValueError(f"read window: the audio of the prompt must be one contiguous span "

@@ -14,16 +14,20 @@ BEHIND,AHEAD,STALL`` (off by default) is another: greedy decoding with the align
 reading only a window of the audio around their read position
 (:mod:`kvsim.decoding.read_window`); ``--ban-cycles MAX_PERIOD,REPEATS`` (off by default) is a
 third: greedy decoding that may not write a short cycle of tokens more than REPEATS times in a
-row (:mod:`kvsim.decoding.cycle_ban`).
+row (:mod:`kvsim.decoding.cycle_ban`); with the window, ``--hold-end SECONDS`` allows no end
+of answer while the read position is more than SECONDS before the end of the speech
+(:mod:`kvsim.decoding.hold_end`) and ``--others-reach BEHIND,AHEAD``, a diagnostic, limits the
+other decoder layers to the audio around the read position.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +36,8 @@ import torch
 from transformers import LogitsProcessorList
 
 from kvsim.decoding.cycle_ban import CycleBan, CycleBanConfig
+from kvsim.decoding.hold_end import HoldEnd, speech_tokens
+from kvsim.decoding.option_spec import parse_comma_option
 from kvsim.decoding.read_window import (
     ReadPastEnd,
     ReadWindow,
@@ -67,7 +73,9 @@ class EvalOptions:
     of that many seconds, each decoded on its own, the transcripts joined
     (:func:`audio_pieces`); 0 decodes the whole clip at once; ``read_window``: decode with
     the aligning layers' read window (:mod:`kvsim.decoding.read_window`; None: plain greedy);
-    ``ban_cycles``: decode with the cycle ban (:mod:`kvsim.decoding.cycle_ban`; None: off).
+    ``ban_cycles``: decode with the cycle ban (:mod:`kvsim.decoding.cycle_ban`; None: off);
+    ``hold_end``: with the read window, no end of answer while the read position is more than
+    this many seconds before the end of the speech (:mod:`kvsim.decoding.hold_end`; None: off).
     """
 
     limit: int | None = None
@@ -78,6 +86,13 @@ class EvalOptions:
     chunk_seconds: float = 0.0
     read_window: ReadWindowConfig | None = None
     ban_cycles: CycleBanConfig | None = None
+    hold_end: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.hold_end is not None and self.read_window is None:
+            raise ValueError("--hold-end: needs --read-window (the read position it waits for)")
+        if self.hold_end is not None and not 0 <= self.hold_end < math.inf:
+            raise ValueError(f"--hold-end {self.hold_end}: seconds >= 0")
 
     def rows(self, data: Path, split: str) -> list[dict]:
         """The manifest rows to decode; ValueError naming an id the split does not hold."""
@@ -112,6 +127,7 @@ class Decoded:
     read_forced: int = 0  #: forced steps of the read window (all pieces)
     read_stopped: bool = False  #: a read window left the audio and stopped its decoding
     cycle_bans: int = 0  #: decoding steps at which the cycle ban banned a token (all pieces)
+    end_holds: int = 0  #: decoding steps at which --hold-end held back an end (all pieces)
 
 
 def decode_clip(model, proc, audio: np.ndarray, ref_words: int, opts: EvalOptions,
@@ -127,25 +143,36 @@ def decode_clip(model, proc, audio: np.ndarray, ref_words: int, opts: EvalOption
         max_new = int(ref_words * piece.size / audio.size * 1.7) + 10
         kwargs = dict(options, max_new_tokens=max_new)
         ban = CycleBan(opts.ban_cycles, n_in) if opts.ban_cycles else None
-        if ban is not None:
-            kwargs["logits_processor"] = LogitsProcessorList([ban])
+        window = None if opts.read_window is None else ReadWindow.for_inputs(
+            opts.read_window, inp["input_ids"], proc.audio_token_id, AUDIO_TOKENS_PER_SECOND)
+        hold = None if opts.hold_end is None else _hold_end(model, window, piece.size, opts.hold_end)
+        processors = [p for p in (ban, hold) if p is not None]
+        if processors:
+            kwargs["logits_processor"] = LogitsProcessorList(processors)
         with torch.no_grad():
-            if opts.read_window is None:
+            if window is None:
                 res = model.generate(**inp, **kwargs)
             else:
-                window = ReadWindow.for_inputs(opts.read_window, inp["input_ids"], proc.audio_token_id,
-                                               AUDIO_TOKENS_PER_SECOND)
                 with reading_with(window):
                     res = model.generate(**inp, stopping_criteria=ReadPastEnd.criteria(window), **kwargs)
                 out.read_forced += window.reading.forced
                 out.read_stopped |= window.reading.past_end
         out.cycle_bans += ban.fired if ban is not None else 0
+        out.end_holds += hold.held if hold is not None else 0
         gen = res[0, n_in:]
         texts.append(proc.decode(gen))
         out.n_gen += int(gen.numel())
         out.n_prompt = max(out.n_prompt, n_in)
     out.text = " ".join(t.strip() for t in texts).strip()
     return out
+
+
+def _hold_end(model, window: ReadWindow, samples: int, hold_s: float) -> HoldEnd:
+    """The hold-end processor of one decoding in ``window``."""
+    eos = model.generation_config.eos_token_id
+    n_speech = speech_tokens(samples, model.config.sampling_rate, AUDIO_TOKENS_PER_SECOND)
+    return HoldEnd(window, min(n_speech, window.reading.n_audio), hold_s,
+                   eos if isinstance(eos, list) else [eos], AUDIO_TOKENS_PER_SECOND)
 
 
 def load_for(adapter: Path | None, opts: EvalOptions):
@@ -191,9 +218,12 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | No
                    "no_repeat_ngram": opts.no_repeat_ngram, "speed": opts.speed,
                    "chunk_seconds": opts.chunk_seconds,
                    "read_window": opts.read_window.spec() if opts.read_window else None,
+                   **_others_reach(opts.read_window),
                    "read_forced": dec.read_forced, "read_stopped": dec.read_stopped,
                    "ban_cycles": opts.ban_cycles.spec() if opts.ban_cycles else None,
                    "cycle_bans": dec.cycle_bans,
+                   **({"hold_end": opts.hold_end, "end_holds": dec.end_holds}
+                      if opts.hold_end is not None else {}),
                    "ref": r["text"], "hyp": hyp}
             print(f"{split} {r['id']} {r['duration']:.0f}s WER {w:.3f} gen {n_gen} tok "
                   f"in {wall:.1f}s", flush=True)
@@ -206,6 +236,13 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | No
     if fh:
         fh.close()
     return results
+
+
+def _others_reach(window: ReadWindowConfig | None) -> dict:
+    """The record's ``others_reach`` (seconds behind, ahead) when the diagnostic is on."""
+    if window is None or not window.limits_others:
+        return {}
+    return {"others_reach": ",".join(f"{s:g}" for s in window.others_s)}
 
 
 def read_records(files: list[Path], fields: tuple[str, ...] = ()) -> list[dict]:
@@ -265,6 +302,18 @@ def summarise(files: list[Path]) -> dict[str, float]:
     return out
 
 
+def _read_window(spec: str | None, others_reach: str | None) -> ReadWindowConfig | None:
+    """The ``--read-window`` and ``--others-reach`` values as one configuration."""
+    if others_reach is not None and spec is None:
+        raise ValueError("--others-reach: needs --read-window (the read position it is around)")
+    window = ReadWindowConfig.parse(spec) if spec else None
+    if others_reach is None or window is None:
+        return window
+    return parse_comma_option(lambda behind, ahead: replace(window, others_s=(behind, ahead)),
+                              others_reach, "--others-reach", "BEHIND,AHEAD (seconds, or inf)",
+                              (float, float))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="minivox full-cache greedy WER on held-out sets")
     ap.add_argument("--data", type=Path, default=Path("data/minivox"))
@@ -288,6 +337,14 @@ def main(argv: list[str] | None = None) -> None:
                     help="an experiment: the aligning decoder layers read only the audio from "
                     "BEHIND s behind to AHEAD s ahead of their read position, pushed forward after "
                     "STALL tokens without a move (e.g. 2,3,8; default: plain greedy, the protocol)")
+    ap.add_argument("--others-reach", default=None, metavar="BEHIND,AHEAD",
+                    help="a diagnostic, with --read-window: every other decoder layer reads only "
+                    "the audio from BEHIND s behind to AHEAD s ahead of the read position ('inf' "
+                    "for no limit on a side; default: all of the audio)")
+    ap.add_argument("--hold-end", type=float, default=None, metavar="SECONDS",
+                    help="an experiment, with --read-window: no end of answer while the read "
+                    "position is more than SECONDS before the end of the speech (e.g. 3; "
+                    "default: plain greedy, the protocol)")
     ap.add_argument("--ban-cycles", default=None, metavar="MAX_PERIOD,REPEATS",
                     help="an experiment: never write more than REPEATS copies in a row of a cycle "
                     "of at most MAX_PERIOD tokens (e.g. 16,3; default: plain greedy, the protocol)")
@@ -305,8 +362,9 @@ def main(argv: list[str] | None = None) -> None:
                            no_repeat_ngram=a.no_repeat_ngram,
                            ids=frozenset(a.ids.split(",")) if a.ids else None,
                            chunk_seconds=a.chunk_seconds,
-                           read_window=ReadWindowConfig.parse(a.read_window) if a.read_window else None,
-                           ban_cycles=CycleBanConfig.parse(a.ban_cycles) if a.ban_cycles else None)
+                           read_window=_read_window(a.read_window, a.others_reach),
+                           ban_cycles=CycleBanConfig.parse(a.ban_cycles) if a.ban_cycles else None,
+                           hold_end=a.hold_end)
         res = evaluate(a.data, a.splits, a.adapter, a.out, opts)
     except (ValueError, FileNotFoundError) as exc:
         sys.exit(f"error: {exc}")

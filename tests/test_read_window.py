@@ -11,7 +11,9 @@ forked runs inherit the registration made before the mutant was switched on).
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -173,6 +175,76 @@ def test_an_aligning_layer_whose_window_holds_all_audio_runs_stock_sdpa():
     stock, _ = sdpa_attention_forward(_layer(1), q, k, v, mask, scaling=0.3)
     out, _ = w.attention(_layer(1), 1, q, k, v, mask, scaling=0.3)
     assert torch.equal(out, stock) and w.reading.path == [150]
+
+
+def test_the_other_layers_reach_is_around_the_position_without_the_floor():
+    cfg = ReadWindowConfig(behind_s=1.0, ahead_s=2.0, layers=(1,), others_s=(4.0, 2.0))
+    w = ReadWindow(cfg, audio_start=3, n_audio=200, audio_tokens_per_s=RATE)
+    w.reading.position, w.reading.floor = 120, 118
+    assert w.others_window() == (120 - 50, 120 + 25 + 1)  # 4 s and 2 s at 12.5 tokens/s
+    w.reading.position = 10
+    assert w.others_window() == (0, 10 + 25 + 1)
+    w.reading.position = 199
+    assert w.others_window() == (199 - 50, 200)
+    ahead_only = ReadWindow(replace(cfg, others_s=(math.inf, 2.0)), 3, 200, RATE)
+    ahead_only.reading.position = 120
+    assert ahead_only.others_window() == (0, 146)
+    behind_only = ReadWindow(replace(cfg, others_s=(0.0, math.inf)), 3, 200, RATE)
+    behind_only.reading.position = 120
+    assert behind_only.others_window() == (120, 200)
+    assert not ReadWindowConfig().limits_others and cfg.limits_others
+    with pytest.raises(ValueError, match="reach"):
+        ReadWindowConfig(others_s=(1.0, 0.0))
+
+
+def test_a_limited_reach_masks_the_other_layers_decode_steps_only():
+    cfg = ReadWindowConfig(behind_s=1.0, ahead_s=1.0, layers=(1,), others_s=(2.0, 1.0))
+    w = ReadWindow(cfg, audio_start=0, n_audio=200, audio_tokens_per_s=RATE)
+    w.reading.position = 100
+    q, k, v, mask = _masked_call(hidden=7)
+    out, _ = w.attention(_layer(0), 0, q, k, v, mask, scaling=0.3)
+    keep = torch.ones(2, 210, dtype=torch.bool)
+    keep[:, :100 - 25] = False
+    keep[:, 100 + 12 + 1:200] = False  # the spike at 150 is out of reach; the text after stays
+    assert torch.equal(out, masked_decode_attention(q, k, v, keep, 0.3))
+    assert torch.equal(w.keep(2, 210, w.others_window()), keep)
+    assert w.reading.path == []  # only the aligning layers move the position
+    # the aligning layer keeps its own, narrower window in the same step
+    window_keep = w.keep(2, 210)
+    assert not torch.equal(window_keep, keep)
+    # each kind of layer's mask is built once per step, however the layers interleave
+    assert w.keep(2, 210, w.others_window()) is w.keep(2, 210, w.others_window())
+    assert w.keep(2, 210) is window_keep
+    aligned, _ = w.attention(_layer(1), 1, q, k, v, mask, scaling=0.3)
+    assert torch.equal(aligned, masked_decode_attention(q, k, v, window_keep, 0.3))
+    # a reach that holds all audio runs stock sdpa, the call's mask included
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    wide = ReadWindow(replace(cfg, others_s=(100.0, 100.0)), 0, 200, RATE)
+    out, _ = wide.attention(_layer(0), 0, q, k, v, mask, scaling=0.3)
+    assert torch.equal(out, sdpa_attention_forward(_layer(0), q, k, v, mask, scaling=0.3)[0])
+
+
+def test_the_others_reach_option_needs_the_window_is_recorded_and_not_live():
+    from kvsim.minivox.evaluate import _others_reach, _read_window
+
+    assert _read_window("2,3,8", "40,inf").others_s == (40.0, math.inf)
+    assert _read_window("2,3,8", None).others_s == (math.inf, math.inf)
+    with pytest.raises(ValueError, match="--others-reach: needs --read-window"):
+        _read_window(None, "40,20")
+    with pytest.raises(ValueError, match=re.escape("--others-reach '40': BEHIND,AHEAD")):
+        _read_window("2,3,8", "40")
+    with pytest.raises(ValueError, match=re.escape("--others-reach '40,0': read window")):
+        _read_window("2,3,8", "40,0")
+    assert _others_reach(_read_window("2,3,8", "40,inf")) == {"others_reach": "40,inf"}
+    assert _others_reach(_read_window("2,3,8", "inf,20")) == {"others_reach": "inf,20"}
+    assert _others_reach(_read_window("2,3,8", None)) == {} == _others_reach(None)
+    from kvsim.live.decode import LiveConfig
+    from kvsim.live.decode import _read_window as live_read_window
+
+    lm = SimpleNamespace(layout=SimpleNamespace(n_layers=30), name="minivox")
+    with pytest.raises(ValueError, match="diagnostic of python -m kvsim.minivox.evaluate"):
+        live_read_window(lm, None, LiveConfig(read_window=_read_window("2,3,8", "40,inf")))
 
 
 @pytest.fixture(scope="module")

@@ -62,12 +62,18 @@ class ReadWindowConfig:
         The aligning decoder layers: by default minivox's 20-23, whose attention peak follows
         the word being written (the guided loss's default layers, docs/minivox.md
         "Training"); another model needs its own.
+    others_s
+        A diagnostic (default: off, ``(inf, inf)``): seconds of audio every *other* decoder
+        layer may read behind and ahead of the read position at a decode step. Measured on
+        minivox, any limit costs WER: the other layers read the whole clip
+        (docs/minivox.md, "The other layers need all of the audio").
     """
 
     behind_s: float = 2.0
     ahead_s: float = 3.0
     stall_tokens: int = 8
     layers: tuple[int, ...] = MINIVOX_ALIGNING_LAYERS
+    others_s: tuple[float, float] = (math.inf, math.inf)
 
     def __post_init__(self) -> None:
         if not (0 <= self.behind_s < math.inf and 0 < self.ahead_s < math.inf):
@@ -77,6 +83,14 @@ class ReadWindowConfig:
             raise ValueError(f"read window: stall {self.stall_tokens} tokens must be >= 1")
         if not self.layers or min(self.layers) < 0:
             raise ValueError(f"read window: aligning layers {self.layers} must be given, each >= 0")
+        if len(self.others_s) != 2 or not (self.others_s[0] >= 0 and self.others_s[1] > 0):
+            raise ValueError(f"read window: the other layers' reach {self.others_s} must be "
+                             "(behind >= 0, ahead > 0) seconds")
+
+    @property
+    def limits_others(self) -> bool:
+        """The other decoder layers read less than all of the audio (the diagnostic is on)."""
+        return self.others_s != (math.inf, math.inf)
 
     @classmethod
     def parse(cls, spec: str) -> ReadWindowConfig:
@@ -179,11 +193,13 @@ class ReadWindow:
         self.reading = ReadPosition(n_audio, config.stall_tokens)
         self._behind = round(config.behind_s * audio_tokens_per_s)
         self._ahead = round(config.ahead_s * audio_tokens_per_s)
+        self._others = tuple(None if math.isinf(s) else round(s * audio_tokens_per_s)
+                             for s in config.others_s)
         self._last_layer = max(config.layers)
         self._attention: torch.Tensor | None = None  # summed over the layers of this token
         self.windows: list[tuple[int, int]] = []  #: the window of each decode step
-        self._keep: torch.Tensor | None = None  # the keep-mask of the current step ...
-        self._keep_shape: tuple | None = None  # ... for this (window, H_kv, n_keys)
+        #: the latest keep-mask of the aligning ("window") and the other ("others") layers
+        self._masks: dict[str, tuple[tuple, torch.Tensor]] = {}
 
     @classmethod
     def for_inputs(cls, config: ReadWindowConfig, input_ids: torch.Tensor, audio_token_id: int,
@@ -202,11 +218,6 @@ class ReadWindow:
         lo = max(0, r.position - self._behind, r.floor)
         return min(lo, r.n_audio), min(r.n_audio, r.position + self._ahead + 1)
 
-    @property
-    def covers_all(self) -> bool:
-        """The window holds every audio token: nothing to mask."""
-        return self.window() == (0, self.reading.n_audio)
-
     def restrict(self, read):
         """``read`` (..., T_a) bool, NumPy or torch: what a layer reads of the audio, narrowed
         to the window (a new array; ``read`` is left as it was)."""
@@ -216,18 +227,30 @@ class ReadWindow:
         out[..., hi:] = False
         return out
 
-    def keep(self, n_kv_heads: int, n_keys: int) -> torch.Tensor | None:
-        """(H_kv, n_keys) keep-mask of an aligning layer's decode step; None: nothing masked.
-        Built once per decode step: the aligning layers of one step share it (read only)."""
-        if self.covers_all:
+    def others_window(self) -> tuple[int, int]:
+        """``[lo, hi)``: the audio the other decoder layers read (all of it unless
+        ``config.others_s`` limits them; no forced floor: they are not reading in order)."""
+        r, (behind, ahead) = self.reading, self._others
+        lo = 0 if behind is None else max(0, r.position - behind)
+        hi = r.n_audio if ahead is None else min(r.n_audio, r.position + ahead + 1)
+        return lo, hi
+
+    def keep(self, n_kv_heads: int, n_keys: int, span: tuple[int, int] | None = None) -> torch.Tensor | None:
+        """(H_kv, n_keys) keep-mask of a decode step that reads the audio ``span`` (default:
+        the aligning layers' :meth:`window`); None: it holds all audio, nothing masked. Built
+        once per decode step: the layers of one step share it (read only)."""
+        role = "window" if span is None else "others"
+        lo, hi = self.window() if span is None else span
+        if (lo, hi) == (0, self.reading.n_audio):
             return None
-        shape = (self.window(), n_kv_heads, n_keys)
-        if self._keep_shape != shape:
+        shape = (lo, hi, n_kv_heads, n_keys)
+        cached = self._masks.get(role)
+        if cached is None or cached[0] != shape:
             keep = torch.ones(n_kv_heads, n_keys, dtype=torch.bool)
-            audio = slice(self.audio_start, self.audio_start + self.reading.n_audio)
-            keep[:, audio] = self.restrict(keep[:, audio])
-            self._keep, self._keep_shape = keep, shape
-        return self._keep
+            keep[:, self.audio_start:self.audio_start + lo] = False
+            keep[:, self.audio_start + hi:self.audio_start + self.reading.n_audio] = False
+            cached = self._masks[role] = (shape, keep)
+        return cached[1]
 
     def observe(self, layer: int, audio_attention: torch.Tensor) -> None:
         """Aligning layer ``layer``'s decode-step attention over the audio (H_q, T_a); after
@@ -243,9 +266,14 @@ class ReadWindow:
     def attention(self, module, layer: int, query, key, value, attention_mask, **kwargs):
         """Decoder layer ``layer``'s attention call: stock sdpa except at the aligning layers'
         decode steps."""
-        if query.shape[2] != 1 or layer not in self.config.layers:
+        if query.shape[2] != 1:
             return stock_attention(module, query, key, value, attention_mask, **kwargs)
         scaling = kwargs.get("scaling") or module.scaling
+        if layer not in self.config.layers:
+            keep = self.keep(key.shape[1], key.shape[2], self.others_window())
+            if keep is None:
+                return stock_attention(module, query, key, value, attention_mask, **kwargs)
+            return masked_decode_attention(query, key, value, keep, scaling), None
         keep = self.keep(key.shape[1], key.shape[2])
         audio = slice(self.audio_start, self.audio_start + self.reading.n_audio)
         self.observe(layer, masked_attention_probs(query, key, keep, scaling)[:, audio])
