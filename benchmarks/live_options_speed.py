@@ -30,7 +30,8 @@ def main() -> None:
     lm, item, prompt, prefilled = prefilled_clip(args)
     plain = LiveConfig(max_new_tokens=args.tokens, head_scores=read_heads(HEADS))
     with_options = LiveConfig(max_new_tokens=args.tokens, head_scores=plain.head_scores,
-                        read_window=ReadWindowConfig.parse("2,3,8"), ban_cycles=CycleBanConfig.parse("16,3"))
+                              read_window=ReadWindowConfig.parse("2,3,8"),
+                              ban_cycles=CycleBanConfig.parse("16,3"))
     runs = [(spec, name, cfg) for spec in (PolicySpec("full", 1.0), PolicySpec("wnw", args.budget))
             for name, cfg in (("plain", plain), ("options", with_options))]
     ms: dict[tuple[str, str], list[float]] = {(s.name, n): [] for s, n, _ in runs}

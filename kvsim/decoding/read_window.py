@@ -195,7 +195,6 @@ class ReadWindow:
         self._ahead = round(config.ahead_s * audio_tokens_per_s)
         self._others = tuple(None if math.isinf(s) else round(s * audio_tokens_per_s)
                              for s in config.others_s)
-        self._limits_others = config.limits_others
         self._last_layer = max(config.layers)
         self._attention: torch.Tensor | None = None  # summed over the layers of this token
         self.windows: list[tuple[int, int]] = []  #: the window of each decode step
@@ -268,7 +267,7 @@ class ReadWindow:
         """Decoder layer ``layer``'s attention call: stock sdpa except at the aligning layers'
         decode steps (and, with ``config.others_s``, the other layers' decode steps)."""
         aligning = layer in self.config.layers
-        if query.shape[2] != 1 or not (aligning or self._limits_others):
+        if query.shape[2] != 1 or not (aligning or self.config.limits_others):
             return stock_attention(module, query, key, value, attention_mask, **kwargs)
         scaling = kwargs.get("scaling") or module.scaling
         if not aligning:
