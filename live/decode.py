@@ -12,6 +12,7 @@ import torch
 
 from kvsim.core.steplog import STEP_LOG_COLUMNS, RunFacts, retention_per_step
 from kvsim.decoding.cycle_ban import CycleBan, CycleBanConfig
+from kvsim.decoding.hold_end import HoldEnd, check_hold_end, speech_tokens_of
 from kvsim.decoding.read_window import ReadWindow, ReadWindowConfig
 from kvsim.live.attention import ACTIVE, LIVE_ATTN
 from kvsim.live.models import LiveModel, LivePrompt
@@ -54,15 +55,24 @@ class LiveConfig:
     #: host round trip to save, and NumPy selects faster than small torch operations)
     device_select: bool | None = None
     #: decoding options, not the papers' protocol (None: off): the read window on the aligning
-    #: layers (:mod:`kvsim.decoding.read_window`) and the cycle ban (:mod:`kvsim.decoding.cycle_ban`)
+    #: layers (:mod:`kvsim.decoding.read_window`), the cycle ban (:mod:`kvsim.decoding.cycle_ban`)
+    #: and, with the window, the end of answer held until the read position is within this many
+    #: seconds of the end of the speech (:mod:`kvsim.decoding.hold_end`)
     read_window: ReadWindowConfig | None = None
     ban_cycles: CycleBanConfig | None = None
+    hold_end: float | None = None
+
+    def __post_init__(self) -> None:
+        check_hold_end(self.hold_end, self.read_window)
 
     def decoding_options(self) -> dict[str, str]:
-        """The decoding options that are on, as their command-line values (``read_window``,
-        ``ban_cycles``); empty for the papers' plain greedy decoding."""
+        """The decoding options that are on, as their command-line values (keys:
+        :data:`kvsim.decoding.OPTION_KEYS`); empty for the papers' plain greedy decoding."""
         on = {"read_window": self.read_window, "ban_cycles": self.ban_cycles}
-        return {key: value.spec() for key, value in on.items() if value is not None}
+        specs = {key: value.spec() for key, value in on.items() if value is not None}
+        if self.hold_end is not None:
+            specs["hold_end"] = f"{self.hold_end:g}"
+        return specs
 
 
 @dataclass
@@ -140,7 +150,7 @@ class Prefilled:
     is policy-independent: compression applies to decoding)."""
 
     cache: Any
-    first_token: int
+    first_logits: torch.Tensor  #: (1, 1, V) the logits the first answer token is chosen from
     queries: list[np.ndarray]
     keys: list[np.ndarray]
     seconds: float
@@ -168,8 +178,8 @@ def prefill_once(lm: LiveModel, prompt: LivePrompt, window: int = OBSERVATION_WI
         secs = time.perf_counter() - t0
     finally:
         ACTIVE.reset(token)
-    return Prefilled(cache, _argmax(out.logits), list(session._pq), list(session._pk), secs,
-                     kv_retention)
+    return Prefilled(cache, out.logits[:, -1:].clone(), list(session._pq), list(session._pk),
+                     secs, kv_retention)
 
 
 def _read_window(lm: LiveModel, prompt: LivePrompt, cfg: LiveConfig) -> ReadWindow | None:
@@ -253,10 +263,10 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
         t0 = time.perf_counter()
         if prefilled is None:
             out, kv_retention = _prefill_forward(lm, prompt, cache)
-            first = _argmax(out.logits)
+            first_logits = out.logits[:, -1:]
         else:
             session._pq, session._pk = list(prefilled.queries), list(prefilled.keys)
-            first, kv_retention = prefilled.first_token, prefilled.kv_retention
+            first_logits, kv_retention = prefilled.first_logits, prefilled.kv_retention
         tiers0 = session.finish_prefill()
         history = [tiers0.copy()] if cfg.record_tiers else None
         attention: list[np.ndarray] = []
@@ -270,16 +280,18 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
             mem["prefill_peak_mb"] = torch.cuda.max_memory_allocated(device) / 1e6
             mem["after_prefill_mb"] = torch.cuda.memory_allocated(device) / 1e6
             torch.cuda.reset_peak_memory_stats(device)
-        ban = CycleBan(cfg.ban_cycles, prompt_length=0) if cfg.ban_cycles else None
+        processors = _processors(lm, prompt, cfg, session.read_window)
+        first = _next_token(first_logits, [], processors)
         tokens, step_ms, terminated = _decode_loop(lm, session, cache, first, prompt.n_prompt,
-                                                   cfg.max_new_tokens, history, attention, ban)
+                                                   cfg.max_new_tokens, history, attention,
+                                                   processors)
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device)
     finally:
         ACTIVE.reset(token)
     summary = _run_summary(session, ctx, spec, prompt, prefill_s, step_ms, terminated,
                            len(tokens), kv_retention)
-    summary.update(_decoding_option_summary(cfg, session.read_window, ban))
+    summary.update(_decoding_option_summary(cfg, session.read_window, processors))
     if stats is not None:
         summary.update(_physical_summary(stats, cache, len(step_ms)))
     if peak is not None:
@@ -294,36 +306,61 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
                           if session.read_window is not None else {}))
 
 
+def _processors(lm: LiveModel, prompt: LivePrompt, cfg: LiveConfig,
+                window: ReadWindow | None) -> list[CycleBan | HoldEnd]:
+    """The logits processors of ``cfg``'s decoding options, in the order
+    :mod:`kvsim.minivox.evaluate` applies them: the cycle ban, then the held end."""
+    processors: list[CycleBan | HoldEnd] = []
+    if cfg.ban_cycles is not None:
+        processors.append(CycleBan(cfg.ban_cycles, prompt_length=0))
+    if cfg.hold_end is not None:
+        if prompt.audio_padding is None:
+            raise ValueError(f"--hold-end: {lm.name} does not mark the encoder padding of its "
+                             "prompt, so the end of the speech is unknown")
+        assert window is not None  # LiveConfig checks that the hold has a window
+        processors.append(HoldEnd(window, speech_tokens_of(prompt.audio_padding), cfg.hold_end,
+                                  sorted(lm.eos_ids), lm.audio_tokens_per_s))
+    return processors
+
+
 def _decoding_option_summary(cfg: LiveConfig, window: ReadWindow | None,
-                   ban: CycleBan | None) -> dict[str, Any]:
+                             processors: list[CycleBan | HoldEnd]) -> dict[str, Any]:
     """The decoding options of the run and what they did (None / 0 when off)."""
+    ban = next((p for p in processors if isinstance(p, CycleBan)), None)
+    hold = next((p for p in processors if isinstance(p, HoldEnd)), None)
     return {
         "read_window": cfg.read_window.spec() if cfg.read_window else None,
         "read_forced": window.reading.forced if window else 0,
         "read_stopped": window.reading.past_end if window else False,
         "ban_cycles": cfg.ban_cycles.spec() if cfg.ban_cycles else None,
         "cycle_bans": ban.fired if ban else 0,
+        "hold_end": cfg.hold_end,
+        "end_holds": hold.held if hold else 0,
     }
 
 
-def _next_token(logits: torch.Tensor, tokens: list[int], ban: CycleBan | None) -> int:
-    """Greedy choice from the step's ``logits`` (1, 1, V); with ``ban``, over the logits the
-    ban leaves after ``tokens`` (the tokens generated so far)."""
-    if ban is None:
+def _next_token(logits: torch.Tensor, tokens: list[int],
+                processors: list[CycleBan | HoldEnd]) -> int:
+    """Greedy choice from the step's ``logits`` (1, 1, V), over what ``processors`` (the
+    decoding options' logits processors) leave after ``tokens``, the tokens generated so far."""
+    if not processors:
         return _argmax(logits)
-    scores = ban(torch.tensor([tokens]), logits[:, -1].clone())
+    scores = logits[:, -1].clone()
+    ids = torch.tensor([tokens], dtype=torch.long)
+    for processor in processors:
+        scores = processor(ids, scores)
     return int(torch.argmax(scores[0]).item())
 
 
 def _decode_loop(lm: LiveModel, session: LiveSession, cache: Any, first: int, n_prompt: int,
                  max_new_tokens: int, history: list[np.ndarray] | None,
                  attention: list[np.ndarray],
-                 ban: CycleBan | None = None) -> tuple[list[int], list[float], bool]:
+                 processors: list[CycleBan | HoldEnd]) -> tuple[list[int], list[float], bool]:
     """Greedy decode steps after the first token until EOS, ``max_new_tokens`` or the end of
     the read window's audio; returns the tokens, each step's milliseconds and whether the run
     ended before the cap (EOS, or a read window with nothing left to read). ``history`` (when
     recording) receives the tiers after every step and ``attention`` the step's audio
-    attention; ``ban`` (a cycle ban) narrows each greedy choice."""
+    attention; ``processors`` (the decoding options') narrow each greedy choice."""
     model, device, eos = lm.model, lm.device, lm.eos_ids
     window = session.read_window
     tokens, step_ms = [first], []
@@ -337,7 +374,7 @@ def _decode_loop(lm: LiveModel, session: LiveSession, cache: Any, first: int, n_
         # position ids are left to the model (Qwen's M-RoPE offsets come from its prefill)
         out = model(input_ids=ids, **_cache_kw(model, cache), use_cache=True, cache_position=pos,
                     logits_to_keep=1)
-        tokens.append(_next_token(out.logits, tokens, ban))
+        tokens.append(_next_token(out.logits, tokens, processors))
         _sync(device)
         step_ms.append(1e3 * (time.perf_counter() - t1))
         if history is not None and session.buffer is not None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from kvsim.decoding import OPTION_KEYS
 from kvsim.live.data import LiveInput
 from kvsim.live.decode import LiveConfig, LiveRun, live_generate, prefill_once
 from kvsim.live.metrics import WerConfig, bleu, truncated_wer
@@ -222,10 +223,10 @@ def aggregate(frame: pl.DataFrame, averaging: str = "corpus") -> pl.DataFrame:
             pl.col("h2d_mb_per_step").mean(), pl.col("transfers_per_step").mean(),
             pl.col("ms_per_token").mean(), pl.col("input_retention").mean()]
     for col in ("wer_untruncated", "length_ratio", "bleu", "physical_h2d_mb_per_step", "peak_mem_mb",
-                "read_forced", "cycle_bans"):
+                "read_forced", "cycle_bans", "end_holds"):
         if col in frame.columns:
             aggs.append(pl.col(col).mean())
-    for col in ("read_window", "ban_cycles"):  # the decoding options: one value per run folder
+    for col in OPTION_KEYS:  # the decoding options: one value per run folder
         if col in frame.columns:
             aggs.append(pl.col(col).first())
     if "read_stopped" in frame.columns:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -36,7 +35,7 @@ import torch
 from transformers import LogitsProcessorList
 
 from kvsim.decoding.cycle_ban import CycleBan, CycleBanConfig
-from kvsim.decoding.hold_end import HoldEnd, speech_tokens
+from kvsim.decoding.hold_end import HoldEnd, check_hold_end, speech_tokens
 from kvsim.decoding.option_spec import parse_comma_option
 from kvsim.decoding.read_window import (
     ReadPastEnd,
@@ -89,10 +88,7 @@ class EvalOptions:
     hold_end: float | None = None
 
     def __post_init__(self) -> None:
-        if self.hold_end is not None and self.read_window is None:
-            raise ValueError("--hold-end: needs --read-window (the read position it waits for)")
-        if self.hold_end is not None and not 0 <= self.hold_end < math.inf:
-            raise ValueError(f"--hold-end {self.hold_end}: seconds >= 0")
+        check_hold_end(self.hold_end, self.read_window)
 
     def rows(self, data: Path, split: str) -> list[dict]:
         """The manifest rows to decode; ValueError naming an id the split does not hold."""

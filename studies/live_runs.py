@@ -10,6 +10,8 @@ from typing import Any
 
 import polars as pl
 
+from kvsim.decoding import OPTION_KEYS
+
 
 class LiveRunsError(ValueError):
     """A run folder cannot be used (one line naming the folder or file and the field)."""
@@ -45,7 +47,7 @@ def read_live_runs(folder: Path) -> pl.DataFrame | None:
 
 #: ``run.json`` config fields of the decoding options (:meth:`LiveConfig.decoding_options`),
 #: written only when an option is on
-DECODING_OPTION_KEYS = ("read_window", "ban_cycles")
+DECODING_OPTION_KEYS = OPTION_KEYS
 
 
 def check_options(folder: Path, expected: dict[str, Any]) -> None:

@@ -283,7 +283,9 @@ def table5_notes(runs: pl.DataFrame, info: Table5Info) -> list[str]:
 def decoding_options_note(options: dict[str, str]) -> str:
     """What the decoding options of the runs were (not the papers' plain greedy decoding)."""
     said = {"read_window": "a read window on the aligning layers (`--read-window {}`)",
-            "ban_cycles": "a ban on short loops (`--ban-cycles {}`)"}
+            "ban_cycles": "a ban on short loops (`--ban-cycles {}`)",
+            "hold_end": "the end of answer held until the read position is within {0} s of the "
+                        "end of the speech (`--hold-end {0}`)"}
     return ("Decoding options, the same for every method, Full Cache included, and not the "
             "papers' protocol (plain greedy decoding): "
             + " and ".join(said[key].format(value) for key, value in options.items())
@@ -336,11 +338,13 @@ class Table5Config:
     #: decoding options, not the papers' protocol (None: off; kvsim.decoding.read_window, .cycle_ban)
     read_window: ReadWindowConfig | None = None
     ban_cycles: CycleBanConfig | None = None
+    hold_end: float | None = None  #: kvsim.decoding.hold_end, with the read window
 
     def live_config(self, scores) -> LiveConfig:
         """How every run of the study decodes."""
         return LiveConfig(max_new_tokens=self.max_new_tokens, head_scores=scores,
-                          read_window=self.read_window, ban_cycles=self.ban_cycles)
+                          read_window=self.read_window, ban_cycles=self.ban_cycles,
+                          hold_end=self.hold_end)
 
 
 #: --quick: the first 10 s of one clip, three methods at r = 0.2, at most 60 tokens.

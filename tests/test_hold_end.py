@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvsim.decoding.hold_end import HoldEnd, speech_tokens
+from kvsim.decoding.hold_end import HoldEnd, speech_tokens, speech_tokens_of
 from kvsim.decoding.read_window import ReadWindow, ReadWindowConfig, register_read_window
 from kvsim.minivox.evaluate import EvalOptions, decode_clip, generation_options, main
 from kvsim.minivox.modeling import AUDIO_TOKENS_PER_SECOND as RATE
@@ -19,6 +19,24 @@ def test_speech_tokens_count_every_token_that_holds_a_sample():
     assert speech_tokens(1280, 16000, 12.5) == 1  # one token is 80 ms
     assert speech_tokens(1281, 16000, 12.5) == 2
     assert speech_tokens(16000 * 40, 16000, 12.5) == 500  # 40 s of a 60 s (750-token) prompt
+
+
+@pytest.mark.parametrize("samples", [1, 1280, 1281, 16000 * 40, 16000 * 40 + 7, 16000 * 60])
+def test_the_padding_marks_count_the_same_speech_tokens(samples):
+    """The prompt's padding marks (kvsim live) and the sample count (the evaluation) agree:
+    a token starting at or after the input's end is padding (the tracer's rule)."""
+    from kvsim.tracer.backbones.base import Backbone
+
+    starts = np.arange(750) / 12.5  # one 60 s window of 750 tokens
+    padding = Backbone.padding_beyond(starts, samples / 16000)
+    assert speech_tokens_of(padding) == speech_tokens(samples, 16000, 12.5)
+
+
+def test_speech_tokens_of_reads_the_last_token_that_is_not_padding():
+    assert speech_tokens_of(np.array([False, False, True, True])) == 2
+    assert speech_tokens_of(np.array([False, True, False, True])) == 3
+    assert speech_tokens_of(np.zeros(5, dtype=bool)) == 5
+    assert speech_tokens_of(np.ones(5, dtype=bool)) == 0
 
 
 def _window(n_audio: int = 100) -> ReadWindow:

@@ -9,6 +9,7 @@ import torch
 from transformers import LogitsProcessorList
 
 from kvsim.decoding.cycle_ban import CycleBan, CycleBanConfig
+from kvsim.decoding.hold_end import HoldEnd
 from kvsim.decoding.read_window import (
     ReadPastEnd,
     ReadWindow,
@@ -16,7 +17,7 @@ from kvsim.decoding.read_window import (
     reading_with,
     register_read_window,
 )
-from kvsim.live.decode import LiveConfig, live_generate
+from kvsim.live.decode import LiveConfig, live_generate, prefill_once
 from kvsim.live.models import TinyBackbone, TinyConfig
 from kvsim.policies.base import HeadScores
 from kvsim.replay.engine import PolicySpec
@@ -76,6 +77,79 @@ def test_live_full_cache_with_both_options_decodes_as_generate_with_them(lm, pro
     assert (s["read_window"], s["ban_cycles"]) == (WINDOW.spec(), BAN.spec())
     assert (s["cycle_bans"], s["read_forced"]) == (ban.fired, window.reading.forced)
     assert max(_longest_run(run.tokens, p) for p in range(1, 5)) <= 3
+
+
+@pytest.fixture(scope="module")
+def with_an_end(prompt):
+    """A tiny backbone whose end token is its plain first token on ``prompt``: plain greedy
+    decoding ends at once; and a second copy of it for ``generate`` with the read window's
+    attention (the reference)."""
+    lm, ref = TinyBackbone(SHAPE), TinyBackbone(SHAPE)
+    first = live_generate(lm, prompt, PolicySpec("full", 1.0), LiveConfig(1)).tokens[0]
+    for backbone in (lm, ref):
+        backbone.model.generation_config.eos_token_id = first
+    ref.model.set_attn_implementation(register_read_window())
+    return lm, ref, first
+
+
+HOLD_S = 2.0
+
+
+def _padded(prompt, n_padding: int):
+    """``prompt`` with its last ``n_padding`` audio tokens marked as encoder padding."""
+    import dataclasses
+
+    marks = np.zeros(prompt.n_audio, dtype=bool)
+    marks[prompt.n_audio - n_padding:] = True
+    return dataclasses.replace(prompt, audio_padding=marks)
+
+
+def test_live_with_a_held_end_decodes_as_generate_with_it(with_an_end, prompt):
+    lm, ref, eos = with_an_end
+    plain = live_generate(lm, prompt, PolicySpec("full", 1.0), LiveConfig(N_NEW, read_window=WINDOW))
+    assert plain.tokens == [eos] and plain.summary["end_holds"] == 0
+    prompt = _padded(prompt, 60)  # the end of the speech: 140 of the 200 audio tokens
+    audio = prompt.audio_positions
+    window = ReadWindow(WINDOW, int(audio[0]), len(audio), ref.audio_tokens_per_s)
+    ban, hold = CycleBan(BAN, prompt_length=0), HoldEnd(window, len(audio) - 60, HOLD_S, [eos], 12.5)
+    with torch.no_grad(), reading_with(window):
+        out = ref.model.generate(**prompt.prefill_inputs(), max_new_tokens=N_NEW, do_sample=False,
+                                 num_beams=1, logits_processor=LogitsProcessorList([ban, hold]),
+                                 stopping_criteria=ReadPastEnd.criteria(window))
+    cfg = LiveConfig(N_NEW, read_window=WINDOW, ban_cycles=BAN, hold_end=HOLD_S)
+    run = live_generate(lm, prompt, PolicySpec("full", 1.0), cfg)
+    assert hold.held > 0 and len(run.tokens) > 1  # the end was held: decoding went on
+    assert run.tokens == out[0].tolist()
+    assert (run.summary["hold_end"], run.summary["end_holds"]) == (HOLD_S, hold.held)
+    assert run.summary["cycle_bans"] == ban.fired
+    shared = live_generate(lm, prompt, PolicySpec("full", 1.0), cfg, prefilled=prefill_once(lm, prompt))
+    assert shared.tokens == run.tokens  # the first token held from a shared prefill too
+    assert cfg.decoding_options() == {"read_window": WINDOW.spec(), "ban_cycles": BAN.spec(),
+                                      "hold_end": "2"}
+
+
+def test_a_held_end_lets_the_answer_end_only_near_the_end_of_the_speech(with_an_end, prompt):
+    lm, _, eos = with_an_end
+    cfg = LiveConfig(400, read_window=WINDOW, hold_end=HOLD_S)
+    run = live_generate(lm, prompt, PolicySpec("snapkv", 0.5), cfg)
+    assert eos not in run.tokens[:-1] and run.summary["end_holds"] > 0 and run.terminated
+    end = prompt.n_audio - round(HOLD_S * lm.audio_tokens_per_s)
+    ended_at = run.extra["read_windows"][-1]
+    # the last step's window is around a position at least ``end``: it reaches past it
+    assert run.tokens[-1] != eos or ended_at[1] > end
+    assert run.tokens[-1] == eos or run.summary["read_stopped"]
+
+
+def test_a_held_end_needs_the_window_and_the_prompts_padding_marks(lm, prompt):
+    import dataclasses
+
+    with pytest.raises(ValueError, match="--hold-end: needs --read-window"):
+        LiveConfig(8, hold_end=3.0)
+    with pytest.raises(ValueError, match="--hold-end -1: seconds >= 0"):
+        LiveConfig(8, read_window=WINDOW, hold_end=-1)
+    unmarked = dataclasses.replace(prompt, audio_padding=None)
+    with pytest.raises(ValueError, match="tiny does not mark the encoder padding"):
+        live_generate(lm, unmarked, PolicySpec("full", 1.0), LiveConfig(8, read_window=WINDOW, hold_end=1.0))
 
 
 def test_a_window_that_holds_all_audio_changes_no_policy_run(lm, prompt, scores):
@@ -159,12 +233,13 @@ def test_live_cli_records_the_options_and_what_they_did(tmp_path):
     clips, out = _clips(tmp_path / "clips"), tmp_path / "out"
     res = CliRunner().invoke(app, ["live", str(clips), "--model", "tiny", "-p", "full,snapkv", "-b", "0.5",
                                    "--max-new-tokens", "20", "--read-window", "0.5,1,3,0-1",
-                                   "--ban-cycles", "4,2", "--no-plot", "-o", str(out)])
+                                   "--ban-cycles", "4,2", "--hold-end", "0.5", "--no-plot", "-o", str(out)])
     assert res.exit_code == 0, res.output
     config = json.loads((out / "run.json").read_text())["config"]
-    assert (config["read_window"], config["ban_cycles"]) == ("0.5,1,3,0-1", "4,2")
+    assert (config["read_window"], config["ban_cycles"], config["hold_end"]) == ("0.5,1,3,0-1", "4,2", "0.5")
     runs = pl.read_parquet(out / "runs.parquet")
     assert set(runs["read_window"]) == {"0.5,1,3,0-1"} and set(runs["ban_cycles"]) == {"4,2"}
+    assert set(runs["hold_end"]) == {0.5} and "end_holds" in runs.columns
     assert runs["cycle_bans"].sum() > 0 and runs["read_forced"].sum() > 0
     results = pl.read_parquet(out / "results.parquet").sort("policy")
     assert results["read_window"].to_list() == ["0.5,1,3,0-1"] * 2
@@ -172,6 +247,8 @@ def test_live_cli_records_the_options_and_what_they_did(tmp_path):
         mine = runs.filter(pl.col("policy") == policy)
         row = results.filter(pl.col("policy") == policy)
         assert row["cycle_bans"][0] == pytest.approx(mine["cycle_bans"].mean())
+        assert row["end_holds"][0] == pytest.approx(mine["end_holds"].mean())
+        assert row["hold_end"][0] == 0.5
         assert row["read_stop_rate"][0] == pytest.approx(mine["read_stopped"].cast(pl.Float64).mean())
     plain = tmp_path / "plain"
     res = CliRunner().invoke(app, ["live", str(clips), "--model", "tiny", "--max-new-tokens", "20",
@@ -185,6 +262,8 @@ def test_live_cli_records_the_options_and_what_they_did(tmp_path):
     (["--read-window", "2,3"], "--read-window '2,3': BEHIND,AHEAD,STALL[,LAYERS]"),
     (["--read-window", "2,3,8,1-0"], "layers '1-0': FIRST-LAST"),
     (["--ban-cycles", "0,3"], "--ban-cycles '0,3': cycle ban: period 0"),
+    (["--hold-end", "3"], "--hold-end: needs --read-window"),
+    (["--read-window", "0.5,1,3,0-1", "--hold-end", "-2"], "--hold-end -2.0: seconds >= 0"),
 ])
 def test_live_cli_refuses_an_option_in_one_line_before_decoding(tmp_path, args, message):
     from typer.testing import CliRunner
@@ -204,7 +283,8 @@ def test_table5_refuses_runs_decoded_with_other_options(tmp_path):
     from tests.study_tiny import tiny_heads
 
     clips, heads = _clips(tmp_path / "clips", n=1), tiny_heads(tmp_path / "heads.json")
-    for name, extra in (("plain", []), ("guided", ["--read-window", "0.5,1,3,0-1"])):
+    for name, extra in (("plain", []), ("guided", ["--read-window", "0.5,1,3,0-1"]),
+                        ("held", ["--read-window", "0.5,1,3,0-1", "--hold-end", "0.5"])):
         res = CliRunner().invoke(app, ["live", str(clips), "--model", "tiny", "--max-new-tokens", "6",
                                        "--no-plot", *extra, "-o", str(tmp_path / name)])
         assert res.exit_code == 0, res.output
@@ -219,3 +299,10 @@ def test_table5_refuses_runs_decoded_with_other_options(tmp_path):
                                    "0.5,1,3,0-1", "-o", str(tmp_path / "t3")])
     assert res.exit_code == 0, res.output
     assert "--read-window 0.5,1,3,0-1" in (tmp_path / "t3" / "table5.md").read_text()
+    res = CliRunner().invoke(app, [*study, "--live-runs", str(tmp_path / "held"), "--read-window",
+                                   "0.5,1,3,0-1", "-o", str(tmp_path / "t4")])
+    assert res.exit_code == 2 and "'hold_end' is '0.5', this study runs with None" in " ".join(res.output.split())
+    res = CliRunner().invoke(app, [*study, "--live-runs", str(tmp_path / "held"), "--read-window",
+                                   "0.5,1,3,0-1", "--hold-end", "0.5", "-o", str(tmp_path / "t5")])
+    assert res.exit_code == 0, res.output
+    assert "(`--hold-end 0.5`)" in (tmp_path / "t5" / "table5.md").read_text()

@@ -82,11 +82,22 @@ BanCyclesOption = Annotated[str | None, typer.Option(
          "row of a cycle of at most MAX_PERIOD tokens is banned (e.g. 16,3)")]
 
 
-def parse_decoding_options(read_window: str | None, ban_cycles: str | None) -> dict[str, Any]:
-    """``LiveConfig`` keyword arguments of ``--read-window`` / ``--ban-cycles`` (ValueError on a
-    bad value, naming the option)."""
+HoldEndOption = Annotated[float | None, typer.Option(
+    "--hold-end", metavar="SECONDS",
+    help="Decoding option, not the papers' protocol, with --read-window: no end of answer while the "
+         "read position is more than SECONDS before the end of the speech (e.g. 3)")]
+
+
+def parse_decoding_options(read_window: str | None, ban_cycles: str | None,
+                           hold_end: float | None = None) -> dict[str, Any]:
+    """``LiveConfig`` keyword arguments of ``--read-window`` / ``--ban-cycles`` / ``--hold-end``
+    (ValueError on a bad value, naming the option)."""
     from kvsim.decoding.cycle_ban import CycleBanConfig
+    from kvsim.decoding.hold_end import check_hold_end
     from kvsim.decoding.read_window import ReadWindowConfig
 
-    return {"read_window": ReadWindowConfig.parse(read_window) if read_window else None,
-            "ban_cycles": CycleBanConfig.parse(ban_cycles) if ban_cycles else None}
+    options = {"read_window": ReadWindowConfig.parse(read_window) if read_window else None,
+               "ban_cycles": CycleBanConfig.parse(ban_cycles) if ban_cycles else None,
+               "hold_end": hold_end}
+    check_hold_end(hold_end, options["read_window"])
+    return options

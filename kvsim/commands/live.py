@@ -12,6 +12,7 @@ import typer
 from kvsim.commands._errors import err, fail, print_error
 from kvsim.commands._options import (
     BanCyclesOption,
+    HoldEndOption,
     ReadWindowOption,
     announce_shipped_calibration,
     calibration_for,
@@ -58,6 +59,7 @@ def live(
     physical: Annotated[bool, typer.Option("--physical", help="Physical offload instead of masking emulation")] = False,
     read_window: ReadWindowOption = None,
     ban_cycles: BanCyclesOption = None,
+    hold_end: HoldEndOption = None,
     calibration: Annotated[Path | None, typer.Option(help="heads.json calibration file (WnW, AudioKV); default with --model minivox: the shipped adapter's own")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ... (checked before the model loads)")] = "cpu",
     dtype: Annotated[str, typer.Option(help="Weights dtype")] = "float32",
@@ -94,7 +96,7 @@ def live(
             announce_shipped_calibration(calibration, "--calibration")
         scores = read_heads(calibration) if calibration else None
         cfg = LiveConfig(max_new_tokens=max_new_tokens, physical=physical, head_scores=scores,
-                         **parse_decoding_options(read_window, ban_cycles))
+                         **parse_decoding_options(read_window, ban_cycles, hold_end))
         config = {"model": model, "plan": [f"{p.transform}/{p.spec.label}@{p.spec.budget:g}" for p in plan],
                   "max_new_tokens": max_new_tokens, "max_seconds": max_seconds, "task": task,
                   "language": language, "instruction": instruction, "physical": physical,

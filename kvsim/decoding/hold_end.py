@@ -1,7 +1,8 @@
 """Hold the end: with a read window, the answer may not end before its reader reached the end of the speech.
 
-A decoding option of :mod:`kvsim.minivox.evaluate` (``--hold-end SECONDS``, with
-``--read-window``), not the papers' protocol (plain greedy decoding). Under the read window
+A decoding option of :mod:`kvsim.minivox.evaluate`, ``kvsim live`` and ``kvsim study table5``
+(``--hold-end SECONDS``, with ``--read-window``), not the papers' protocol (plain greedy
+decoding). Under the read window
 (:mod:`kvsim.decoding.read_window`) minivox sometimes writes its end-of-answer token in the
 middle of a clip, after a loop the cycle ban broke (test_long-00021 ends after 85 tokens of a
 183 s clip: docs/minivox.md, "Hold the end"). A reader whose aligning layers are still
@@ -15,15 +16,34 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from transformers import LogitsProcessor
 
 from kvsim.decoding.read_window import ReadWindow
 
 
+def check_hold_end(hold_s: float | None, read_window: object | None) -> None:
+    """ValueError naming ``--hold-end`` unless the hold is off (None), or ``hold_s`` seconds
+    >= 0 with a ``read_window`` (the read position it waits for)."""
+    if hold_s is None:
+        return
+    if read_window is None:
+        raise ValueError("--hold-end: needs --read-window (the read position it waits for)")
+    if not 0 <= hold_s < math.inf:
+        raise ValueError(f"--hold-end {hold_s}: seconds >= 0")
+
+
 def speech_tokens(samples: int, sampling_rate: int, audio_tokens_per_s: float) -> int:
     """Audio tokens that hold any of ``samples`` of speech (the rest of the last window is padding)."""
     return math.ceil(samples * audio_tokens_per_s / sampling_rate)
+
+
+def speech_tokens_of(padding: np.ndarray) -> int:
+    """Audio tokens up to the last one that is not encoder padding (``padding``: one mark per
+    audio token, True where the token was encoded from the zeros that fill the last window)."""
+    speech = np.flatnonzero(~np.asarray(padding, dtype=bool))
+    return int(speech[-1]) + 1 if speech.size else 0
 
 
 class HoldEnd(LogitsProcessor):

@@ -8,7 +8,12 @@ from typing import Annotated
 
 import typer
 
-from kvsim.commands._options import BanCyclesOption, ReadWindowOption, calibration_for
+from kvsim.commands._options import (
+    BanCyclesOption,
+    HoldEndOption,
+    ReadWindowOption,
+    calibration_for,
+)
 from kvsim.commands.study import (
     DatasetRootOption,
     DeviceOption,
@@ -42,6 +47,7 @@ def table5(
     runs_only: Annotated[bool, typer.Option("--runs-only", help="With --live-runs: the table of what they hold, decode nothing")] = False,
     read_window: ReadWindowOption = None,
     ban_cycles: BanCyclesOption = None,
+    hold_end: HoldEndOption = None,
     model: ModelOption = "minivox",
     device: DeviceOption = "cpu",
     ray: RayOption = None,
@@ -69,7 +75,8 @@ def table5(
             calibration_traces=tuple(Path(p) for p in _split(calibration_traces)),
             lambda_fit=lambda_fit,
             live_runs=tuple(Path(p) for p in _split(live_runs)), runs_only=runs_only,
-            grid=GridSpec(model=model, device=device, ray=ray), **parse_decoding_options(read_window, ban_cycles))
+            grid=GridSpec(model=model, device=device, ray=ray),
+            **parse_decoding_options(read_window, ban_cycles, hold_end))
         if quick:
             for key, value in QUICK.items():
                 if key != "methods" or not policy:
