@@ -288,8 +288,13 @@ def decoding_options_note(options: dict[str, str]) -> str:
                         "end of the speech (`--hold-end {0}`)"}
     return ("Decoding options, the same for every method, Full Cache included, and not the "
             "papers' protocol (plain greedy decoding): "
-            + " and ".join(said[key].format(value) for key, value in options.items())
+            + _and_list([said[key].format(value) for key, value in options.items()])
             + "; see docs/live.md, \"Decoding options\".")
+
+
+def _and_list(parts: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join(parts) if len(parts) < 3 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def cap_note(runs: pl.DataFrame, max_new_tokens: int | None) -> str | None:

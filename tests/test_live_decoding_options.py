@@ -306,3 +306,13 @@ def test_table5_refuses_runs_decoded_with_other_options(tmp_path):
                                    "0.5,1,3,0-1", "--hold-end", "0.5", "-o", str(tmp_path / "t5")])
     assert res.exit_code == 0, res.output
     assert "(`--hold-end 0.5`)" in (tmp_path / "t5" / "table5.md").read_text()
+
+
+def test_the_study_names_every_decoding_option_in_one_sentence():
+    from kvsim.studies.table5 import decoding_options_note
+
+    note = decoding_options_note({"read_window": "2,3,8", "ban_cycles": "16,3", "hold_end": "3"})
+    assert ("(`--read-window 2,3,8`), a ban on short loops (`--ban-cycles 16,3`) and the end of answer "
+            "held until the read position is within 3 s of the end of the speech (`--hold-end 3`);") in note
+    assert "(`--read-window 2,3,8`) and a ban on short loops (`--ban-cycles 16,3`);" in decoding_options_note(
+        {"read_window": "2,3,8", "ban_cycles": "16,3"})
