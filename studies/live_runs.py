@@ -45,11 +45,6 @@ def read_live_runs(folder: Path) -> pl.DataFrame | None:
     return pl.concat([pl.read_parquet(p, glob=False) for p in parts], how="diagonal_relaxed")
 
 
-#: ``run.json`` config fields of the decoding options (:meth:`LiveConfig.decoding_options`),
-#: written only when an option is on
-DECODING_OPTION_KEYS = OPTION_KEYS
-
-
 def check_options(folder: Path, expected: dict[str, Any]) -> None:
     """Raise :class:`LiveRunsError` when the folder's run was decoded with other options
     (``expected``: field of ``run.json``'s ``config`` -> value)."""
@@ -58,7 +53,7 @@ def check_options(folder: Path, expected: dict[str, Any]) -> None:
     config = (read_manifest(folder) or {}).get("config") or {}
     for key, want in expected.items():
         # a decoding option is recorded only when on: absent is plain greedy decoding (None)
-        if key not in config and key not in DECODING_OPTION_KEYS:
+        if key not in config and key not in OPTION_KEYS:
             continue
         if config.get(key) != want:
             raise LiveRunsError(f"{folder / MANIFEST}: config field {key!r} is {config.get(key)!r}, "

@@ -381,7 +381,8 @@ def build_plan(cfg: Table5Config, scores) -> list[PlanItem]:
 def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print) -> StudyReport:
     """Decode (or read from ``cfg.live_runs``) the grid and build the report; decoded runs go
     to ``out / "live"`` (a ``kvsim live`` run folder, reused by a later call)."""
-    from kvsim.studies.live_runs import DECODING_OPTION_KEYS, combine
+    from kvsim.decoding import OPTION_KEYS
+    from kvsim.studies.live_runs import combine
     from kvsim.studies.wnw_lambda import lambda_of
     from kvsim.trace.heads import read_heads
 
@@ -391,7 +392,7 @@ def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print)
     options = cfg.live_config(scores).decoding_options()
     if cfg.live_runs:
         expected = {"model": cfg.grid.model, "max_new_tokens": cfg.max_new_tokens, "max_seconds": cfg.max_seconds,
-                    **{key: options.get(key) for key in DECODING_OPTION_KEYS}}
+                    **{key: options.get(key) for key in OPTION_KEYS}}
         runs, sources = combine(cfg.live_runs, expected)
     if cfg.runs_only:
         if runs is None:

@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from kvsim.decoding.read_window import ReadWindow
+from kvsim.decoding.read_window import ReadWindow, ReadWindowConfig
 
 
-def check_hold_end(hold_s: float | None, read_window: object | None) -> None:
+def check_hold_end(hold_s: float | None, read_window: ReadWindowConfig | None) -> None:
     """ValueError naming ``--hold-end`` unless the hold is off (None), or ``hold_s`` seconds
     >= 0 with a ``read_window`` (the read position it waits for)."""
     if hold_s is None:
