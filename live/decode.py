@@ -13,6 +13,7 @@ import torch
 from kvsim.core.steplog import STEP_LOG_COLUMNS, RunFacts, retention_per_step
 from kvsim.decoding.cycle_ban import CycleBan, CycleBanConfig
 from kvsim.decoding.hold_end import HoldEnd, check_hold_end, speech_tokens_of
+from kvsim.decoding.processors import OptionProcessors
 from kvsim.decoding.read_window import ReadWindow, ReadWindowConfig
 from kvsim.live.attention import ACTIVE, LIVE_ATTN
 from kvsim.live.models import LiveModel, LivePrompt
@@ -280,7 +281,8 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
             mem["prefill_peak_mb"] = torch.cuda.max_memory_allocated(device) / 1e6
             mem["after_prefill_mb"] = torch.cuda.memory_allocated(device) / 1e6
             torch.cuda.reset_peak_memory_stats(device)
-        processors = _processors(lm, prompt, cfg, session.read_window)
+        option_processors = _processors(lm, prompt, cfg, session.read_window)
+        processors = option_processors.as_list()
         first = _next_token(first_logits, [], processors)
         tokens, step_ms, terminated = _decode_loop(lm, session, cache, first, prompt.n_prompt,
                                                    cfg.max_new_tokens, history, attention,
@@ -291,7 +293,7 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
         ACTIVE.reset(token)
     summary = _run_summary(session, ctx, spec, prompt, prefill_s, step_ms, terminated,
                            len(tokens), kv_retention)
-    summary.update(_decoding_option_summary(cfg, session.read_window, processors))
+    summary.update(_decoding_option_summary(cfg, session.read_window, option_processors))
     if stats is not None:
         summary.update(_physical_summary(stats, cache, len(step_ms)))
     if peak is not None:
@@ -307,27 +309,25 @@ def live_generate(lm: LiveModel, prompt: LivePrompt, spec: PolicySpec, cfg: Live
 
 
 def _processors(lm: LiveModel, prompt: LivePrompt, cfg: LiveConfig,
-                window: ReadWindow | None) -> list[CycleBan | HoldEnd]:
-    """The logits processors of ``cfg``'s decoding options, in the order
-    :mod:`kvsim.minivox.evaluate` applies them: the cycle ban, then the held end."""
-    processors: list[CycleBan | HoldEnd] = []
-    if cfg.ban_cycles is not None:
-        processors.append(CycleBan(cfg.ban_cycles, prompt_length=0))
-    if cfg.hold_end is not None:
+                window: ReadWindow | None) -> OptionProcessors:
+    """The logits processors of ``cfg``'s decoding options (the generated tokens only: the
+    prompt length the ban sees is 0); ValueError when the hold is on and the prompt does not
+    mark its encoder padding."""
+
+    def n_speech() -> int:
         if prompt.audio_padding is None:
             raise ValueError(f"--hold-end: {lm.name} does not mark the encoder padding of its "
                              "prompt, so the end of the speech is unknown")
-        assert window is not None  # LiveConfig checks that the hold has a window
-        processors.append(HoldEnd(window, speech_tokens_of(prompt.audio_padding), cfg.hold_end,
-                                  sorted(lm.eos_ids), lm.audio_tokens_per_s))
-    return processors
+        return speech_tokens_of(prompt.audio_padding)
+
+    return OptionProcessors.build(cfg.ban_cycles, 0, cfg.hold_end, window, n_speech,
+                                  sorted(lm.eos_ids), lm.audio_tokens_per_s)
 
 
 def _decoding_option_summary(cfg: LiveConfig, window: ReadWindow | None,
-                             processors: list[CycleBan | HoldEnd]) -> dict[str, Any]:
+                             processors: OptionProcessors) -> dict[str, Any]:
     """The decoding options of the run and what they did (None / 0 when off)."""
-    ban = next((p for p in processors if isinstance(p, CycleBan)), None)
-    hold = next((p for p in processors if isinstance(p, HoldEnd)), None)
+    ban, hold = processors.ban, processors.hold
     return {
         "read_window": cfg.read_window.spec() if cfg.read_window else None,
         "read_forced": window.reading.forced if window else 0,

@@ -34,9 +34,10 @@ import soundfile as sf
 import torch
 from transformers import LogitsProcessorList
 
-from kvsim.decoding.cycle_ban import CycleBan, CycleBanConfig
-from kvsim.decoding.hold_end import HoldEnd, check_hold_end, speech_tokens
+from kvsim.decoding.cycle_ban import CycleBanConfig
+from kvsim.decoding.hold_end import check_hold_end, speech_tokens
 from kvsim.decoding.option_spec import parse_comma_option
+from kvsim.decoding.processors import OptionProcessors
 from kvsim.decoding.read_window import (
     ReadPastEnd,
     ReadWindow,
@@ -138,13 +139,11 @@ def decode_clip(model, proc, audio: np.ndarray, ref_words: int, opts: EvalOption
         # a piece's share of them by its share of the audio
         max_new = int(ref_words * piece.size / audio.size * 1.7) + 10
         kwargs = dict(options, max_new_tokens=max_new)
-        ban = CycleBan(opts.ban_cycles, n_in) if opts.ban_cycles else None
         window = None if opts.read_window is None else ReadWindow.for_inputs(
             opts.read_window, inp["input_ids"], proc.audio_token_id, AUDIO_TOKENS_PER_SECOND)
-        hold = None if opts.hold_end is None else _hold_end(model, window, piece.size, opts.hold_end)
-        processors = [p for p in (ban, hold) if p is not None]
-        if processors:
-            kwargs["logits_processor"] = LogitsProcessorList(processors)
+        procs = _option_processors(model, opts, n_in, window, piece.size)
+        if procs.as_list():
+            kwargs["logits_processor"] = LogitsProcessorList(procs.as_list())
         with torch.no_grad():
             if window is None:
                 res = model.generate(**inp, **kwargs)
@@ -153,8 +152,8 @@ def decode_clip(model, proc, audio: np.ndarray, ref_words: int, opts: EvalOption
                     res = model.generate(**inp, stopping_criteria=ReadPastEnd.criteria(window), **kwargs)
                 out.read_forced += window.reading.forced
                 out.read_stopped |= window.reading.past_end
-        out.cycle_bans += ban.fired if ban is not None else 0
-        out.end_holds += hold.held if hold is not None else 0
+        out.cycle_bans += procs.ban.fired if procs.ban is not None else 0
+        out.end_holds += procs.hold.held if procs.hold is not None else 0
         gen = res[0, n_in:]
         texts.append(proc.decode(gen))
         out.n_gen += int(gen.numel())
@@ -163,12 +162,17 @@ def decode_clip(model, proc, audio: np.ndarray, ref_words: int, opts: EvalOption
     return out
 
 
-def _hold_end(model, window: ReadWindow, samples: int, hold_s: float) -> HoldEnd:
-    """The hold-end processor of one decoding in ``window``."""
+def _option_processors(model, opts: EvalOptions, n_in: int, window: ReadWindow | None,
+                       samples: int) -> OptionProcessors:
+    """The cycle ban and the held end of one decoding of ``samples`` in ``window``."""
     eos = model.generation_config.eos_token_id
-    n_speech = speech_tokens(samples, model.config.sampling_rate, AUDIO_TOKENS_PER_SECOND)
-    return HoldEnd(window, min(n_speech, window.reading.n_audio), hold_s,
-                   eos if isinstance(eos, list) else [eos], AUDIO_TOKENS_PER_SECOND)
+
+    def n_speech() -> int:
+        n = speech_tokens(samples, model.config.sampling_rate, AUDIO_TOKENS_PER_SECOND)
+        return min(n, window.reading.n_audio)
+
+    return OptionProcessors.build(opts.ban_cycles, n_in, opts.hold_end, window, n_speech,
+                                  eos if isinstance(eos, list) else [eos], AUDIO_TOKENS_PER_SECOND)
 
 
 def load_for(adapter: Path | None, opts: EvalOptions):
