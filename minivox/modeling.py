@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
 from huggingface_hub.dataclasses import strict
 from transformers import (
     AutoConfig,
@@ -60,6 +61,45 @@ class MinivoxForConditionalGeneration(VoxtralForConditionalGeneration):
 
     config_class = MinivoxConfig
     config: MinivoxConfig
+
+    def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False,
+                                      input_ids: torch.LongTensor | None = None, **model_kwargs):
+        """transformers' expansion for beam search and ``num_return_sequences``, with each
+        row's audio windows copied as one group (:func:`expand_audio_windows`)."""
+        features = model_kwargs.pop("input_features", None)
+        if features is not None and expand_size > 1:
+            audio = self.config.audio_config  # encoder frames per window, stacked by the projector
+            per_window = audio.max_source_positions * audio.hidden_size // audio.intermediate_size
+            features = expand_audio_windows(features, input_ids, self.config.audio_token_id,
+                                            per_window, expand_size)
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(
+            expand_size, is_encoder_decoder, input_ids, **model_kwargs)
+        if features is not None:
+            model_kwargs["input_features"] = features
+        return input_ids, model_kwargs
+
+
+def expand_audio_windows(features: torch.Tensor, input_ids: torch.Tensor | None,
+                         audio_token_id: int, tokens_per_window: int,
+                         expand_size: int) -> torch.Tensor:
+    """``features`` (windows of every row, row after row) for ``input_ids`` with each row
+    repeated ``expand_size`` times: row r's group of windows copied whole.
+
+    transformers' generic expansion (``repeat_interleave`` on every tensor) interleaves single
+    windows instead ([w0, w0, w1, w1] for one row of two windows), which gives a beam the audio
+    of the wrong windows, silently, whenever a clip is longer than one window (the audio
+    embeddings fill the placeholders in row-major order). Each row's window count is its
+    placeholder count over ``tokens_per_window``; a mismatch raises ValueError.
+    """
+    if input_ids is None:
+        raise ValueError("beam search over audio needs input_ids (the audio placeholders)")
+    per_row = (input_ids == audio_token_id).sum(-1)
+    windows = per_row // tokens_per_window
+    if (per_row % tokens_per_window).any() or int(windows.sum()) != features.shape[0]:
+        raise ValueError(f"input_features has {features.shape[0]} windows, input_ids "
+                         f"{int(per_row.sum())} audio tokens ({tokens_per_window} per window)")
+    groups = torch.split(features, windows.tolist())
+    return torch.cat([g for g in groups for _ in range(expand_size)])
 
 
 def register() -> None:

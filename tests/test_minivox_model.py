@@ -406,3 +406,72 @@ def test_no_repeat_ngram_option_stops_the_loops_of_greedy_decoding(tiny):
     assert len(set(blocked)) == len(blocked)  # no bigram twice
     with pytest.raises(ValueError, match="no_repeat_ngram"):
         generation_options(-1)
+
+
+def _two_window_batch(proc, seeds: tuple[int, ...]) -> dict:
+    """A batch of 40 s clips (two encoder windows each) in the layout minivox reads: rows of
+    ``input_ids`` stacked, every row's windows consecutive in ``input_features``."""
+    encs = [proc(audio=(np.random.default_rng(s).standard_normal(16000 * 40) * 0.1)
+                 .astype(np.float32)) for s in seeds]
+    return {k: torch.cat([e[k] for e in encs]) for k in encs[0]}
+
+
+@pytest.mark.parametrize("seeds, expand", [((3,), 2), ((3, 4), 3)])
+def test_beam_expansion_gives_every_row_its_own_audio_windows(tiny, seeds, expand):
+    """Beam search (and num_return_sequences) copy each row ``expand`` times. transformers'
+    generic expansion interleaves the rows of ``input_features`` ([w0, w0, w1, w1]), which for
+    audio of several windows hands a beam the wrong windows; minivox copies each row's group
+    of windows whole. Property: every expanded row's logits are its source row's (float64,
+    so batch-size rounding stays far under the bound)."""
+    model, proc = tiny
+    model = model.double()
+    try:
+        batch = _two_window_batch(proc, seeds)
+        batch["input_features"] = batch["input_features"].double()
+        ids, kwargs = model._expand_inputs_for_generation(expand, False, batch["input_ids"],
+                                                          **{k: v for k, v in batch.items()
+                                                             if k != "input_ids"})
+        assert kwargs["input_features"].shape[0] == 2 * len(seeds) * expand
+        with torch.no_grad():
+            source = model(**batch).logits
+            expanded = model(input_ids=ids, **kwargs).logits
+        for row in range(ids.shape[0]):
+            torch.testing.assert_close(expanded[row], source[row // expand], rtol=1e-9, atol=1e-9)
+    finally:
+        model.float()
+
+
+def test_beam_expansion_refuses_windows_that_do_not_match_the_audio_tokens(tiny):
+    model, proc = tiny
+    batch = _two_window_batch(proc, (3,))
+    with pytest.raises(ValueError, match="input_features has 3 windows, input_ids 750 audio tokens"):
+        model._expand_inputs_for_generation(
+            2, False, batch["input_ids"],
+            input_features=torch.cat([batch["input_features"], batch["input_features"][:1]]))
+
+
+def test_beam_search_over_two_windows_starts_from_the_whole_clip(tiny):
+    """End to end: beam search's first step scores beam 0 as the whole clip's next-token
+    log-probabilities (with transformers' expansion, beam 0 read its first window twice).
+
+    Beam search takes the log-softmax in float32 of the (here float64) logits: the bound is
+    the cast of the logits (u each, at most twice their largest magnitude through the
+    log-softmax), float32's exp and sum over the vocabulary, and the rounding of the log and
+    of the result."""
+    from tests.float32_bounds import EXP_ULPS, U32
+
+    model, proc = tiny
+    model = model.double()
+    try:
+        inp = _two_window_batch(proc, (5,))
+        inp["input_features"] = inp["input_features"].double()
+        with torch.no_grad():
+            logits = model(**inp).logits[0, -1]
+            out = model.generate(**inp, num_beams=3, max_new_tokens=1, do_sample=False,
+                                 output_scores=True, return_dict_in_generate=True)
+        whole = logits.log_softmax(-1)
+        bound = (2 * U32 * float(logits.abs().max()) + (EXP_ULPS + 2) * U32
+                 + float(gamma(logits.numel())) + 2 * U32 * float(whole.abs().max()))
+        torch.testing.assert_close(out.scores[0][0].double(), whole, rtol=0, atol=bound)
+    finally:
+        model.float()
