@@ -53,12 +53,16 @@ from .data import parse_shard, read_manifest
 from .modeling import AUDIO_TOKENS_PER_SECOND
 
 
-def generation_options(no_repeat_ngram: int = 0) -> dict:
-    """Keyword arguments of ``generate``: greedy, and with ``no_repeat_ngram`` > 0 no n-gram of
-    that many tokens generated twice."""
+def generation_options(no_repeat_ngram: int = 0, num_beams: int = 1) -> dict:
+    """Keyword arguments of ``generate``: greedy (``num_beams`` 1) or beam search with that
+    many beams (transformers' defaults otherwise: length penalty 1, no early stopping), and
+    with ``no_repeat_ngram`` > 0 no n-gram of that many tokens generated twice."""
     if no_repeat_ngram < 0:
         raise ValueError(f"no_repeat_ngram must be >= 0 (0: off), got {no_repeat_ngram}")
-    return {"do_sample": False, **({"no_repeat_ngram_size": no_repeat_ngram} if no_repeat_ngram else {})}
+    if num_beams < 1:
+        raise ValueError(f"--num-beams must be >= 1 (1: greedy), got {num_beams}")
+    return {"do_sample": False, **({"no_repeat_ngram_size": no_repeat_ngram} if no_repeat_ngram else {}),
+            **({"num_beams": num_beams} if num_beams > 1 else {})}
 
 
 @dataclass
@@ -75,7 +79,9 @@ class EvalOptions:
     the aligning layers' read window (:mod:`kvsim.decoding.read_window`; None: plain greedy);
     ``ban_cycles``: decode with the cycle ban (:mod:`kvsim.decoding.cycle_ban`; None: off);
     ``hold_end``: with the read window, no end of answer while the read position is more than
-    this many seconds before the end of the speech (:mod:`kvsim.decoding.hold_end`; None: off).
+    this many seconds before the end of the speech (:mod:`kvsim.decoding.hold_end`; None: off);
+    ``num_beams`` > 1: beam search (:func:`generation_options`; not with the read window, whose
+    read position is one per decoding).
     """
 
     limit: int | None = None
@@ -87,9 +93,13 @@ class EvalOptions:
     read_window: ReadWindowConfig | None = None
     ban_cycles: CycleBanConfig | None = None
     hold_end: float | None = None
+    num_beams: int = 1
 
     def __post_init__(self) -> None:
         check_hold_end(self.hold_end, self.read_window)
+        if self.num_beams > 1 and self.read_window is not None:
+            raise ValueError("--num-beams: not with --read-window (its read position is one "
+                             "per decoding, not one per beam)")
 
     def rows(self, data: Path, split: str) -> list[dict]:
         """The manifest rows to decode; ValueError naming an id the split does not hold."""
@@ -191,7 +201,7 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | No
     """Full-cache greedy truncated WER of ``adapter`` on ``splits``; one record per clip to
     ``out`` (JSON lines) as it goes; returns the corpus WER per split."""
     torch.set_num_threads(1)
-    options = generation_options(opts.no_repeat_ngram)
+    options = generation_options(opts.no_repeat_ngram, opts.num_beams)
     if not 0.5 <= opts.speed <= 2.0:
         raise ValueError(f"--speed {opts.speed}: a factor from 0.5 to 2")
     if opts.chunk_seconds < 0:
@@ -215,7 +225,8 @@ def evaluate(data: Path, splits: list[str], adapter: Path | None, out: Path | No
             rec = {"split": split, "id": r["id"], "duration": r["duration"], "wer": w,
                    "errors": scores.errors, "ref_words": scores.ref_words,
                    "n_prompt": dec.n_prompt, "n_gen": n_gen, "wall_s": wall,
-                   "no_repeat_ngram": opts.no_repeat_ngram, "speed": opts.speed,
+                   "no_repeat_ngram": opts.no_repeat_ngram, "num_beams": opts.num_beams,
+                   "speed": opts.speed,
                    "chunk_seconds": opts.chunk_seconds,
                    "read_window": opts.read_window.spec() if opts.read_window else None,
                    **_others_reach(opts.read_window),
@@ -326,6 +337,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
                     help="never generate an n-gram of N tokens twice (an experiment; default 0: "
                     "plain greedy, the paper's protocol)")
+    ap.add_argument("--num-beams", type=int, default=1, metavar="N",
+                    help="an experiment: beam search with N beams (default 1: greedy, the "
+                    "protocol); not with --read-window")
     ap.add_argument("--ids", default=None, help="only these clips (comma-separated ids)")
     ap.add_argument("--speed", type=float, default=1.0, metavar="F",
                     help="play every clip F times faster (resampled: tempo and pitch together; "
@@ -364,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
                            chunk_seconds=a.chunk_seconds,
                            read_window=_read_window(a.read_window, a.others_reach),
                            ban_cycles=CycleBanConfig.parse(a.ban_cycles) if a.ban_cycles else None,
-                           hold_end=a.hold_end)
+                           hold_end=a.hold_end, num_beams=a.num_beams)
         res = evaluate(a.data, a.splits, a.adapter, a.out, opts)
     except (ValueError, FileNotFoundError) as exc:
         sys.exit(f"error: {exc}")

@@ -64,3 +64,18 @@ def test_audio_pieces_cover_the_clip_in_order():
 def test_a_negative_chunk_length_fails_before_the_model_loads(corpus):
     with pytest.raises(ValueError, match="--chunk-seconds -1"):
         evaluate(corpus, ["t"], None, None, EvalOptions(chunk_seconds=-1))
+
+
+def test_beam_search_is_an_option_refused_beside_the_read_window(corpus):
+    from kvsim.decoding.read_window import ReadWindowConfig
+    from kvsim.minivox.evaluate import generation_options, main
+
+    assert generation_options() == {"do_sample": False}  # the protocol: greedy
+    assert generation_options(num_beams=4) == {"do_sample": False, "num_beams": 4}
+    with pytest.raises(ValueError, match="--num-beams must be >= 1"):
+        generation_options(num_beams=0)
+    with pytest.raises(ValueError, match="--num-beams: not with --read-window"):
+        EvalOptions(num_beams=2, read_window=ReadWindowConfig.parse("2,3,8"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--data", str(corpus), "--splits", "t", "--num-beams", "2", "--read-window", "2,3,8"])
+    assert str(exit_.value).startswith("error: --num-beams: not with --read-window")
