@@ -198,6 +198,41 @@ class LayerPageBoxes:
         return np.matmul(q, self._mid_t) + np.matmul(np.abs(q), self._half_t)
 
 
+
+class PageDigests:
+    """One policy's page boxes, every layer's from its audio keys by one digest function
+    (:func:`minmax_digest` for Quest, :func:`bounding_box_digest` for ArkVale).
+
+    A layer's boxes are kept once :meth:`of` asks for them (decoding layer by layer); for a
+    whole step (replay's ``select_layers``) :meth:`stacked` computes every layer's in turn into
+    one :class:`LayerPageBoxes`, keeping none apart.
+    """
+
+    def __init__(self, digest: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]],
+                 page_size: int) -> None:
+        self._digest = digest
+        self._page_size = page_size
+        self._kept: dict[int, PageBoxes] = {}
+        self._stacked: LayerPageBoxes | None = None
+
+    def of(self, layer: int, keys: np.ndarray) -> PageBoxes:
+        """``layer``'s boxes from its audio ``keys`` (H_kv, T_a, D), computed once and kept."""
+        if layer not in self._kept:
+            self._kept[layer] = self.computed(layer, keys)
+        return self._kept[layer]
+
+    def computed(self, layer: int, keys: np.ndarray) -> PageBoxes:
+        """``layer``'s boxes: those :meth:`of` kept, else computed and not kept."""
+        kept = self._kept.get(layer)
+        return kept if kept is not None else PageBoxes(*self._digest(keys, self._page_size))
+
+    def stacked(self, n_layers: int, keys_of: Callable[[int], np.ndarray]) -> LayerPageBoxes:
+        """Every layer's boxes stacked (``keys_of(layer)``: its audio keys), computed once."""
+        if self._stacked is None:
+            self._stacked = LayerPageBoxes((self.computed(layer, keys_of(layer))
+                                            for layer in range(n_layers)), n_layers)
+        return self._stacked
+
 def top_pages(scores: np.ndarray, k: int) -> np.ndarray:
     """Boolean mask of the ``k`` highest scores along the last axis (same ``k`` for all rows).
 

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvsim.policies._pages import (
-    LayerPageBoxes,
     PageBoxes,
+    PageDigests,
     bounding_box_digest,
     expand_pages,
     n_pages,
@@ -191,8 +191,7 @@ class ArkVale(Policy):
         free_sizes = np.sort(sizes[~self._forced])[::-1]
         per_head = int(sizes[self._forced].sum() + free_sizes[:n_free].sum())
         self._capacity = per_head * h.n_heads_total
-        self._digests: dict[int, PageBoxes] = {}
-        self._stacked: LayerPageBoxes | None = None  # every layer's digests, for select_layers
+        self._digests = PageDigests(bounding_box_digest, self.page_size)
         self._device: DevicePages | None = None  # what select_device keeps on a device
         return self._tiers.copy()
 
@@ -229,15 +228,7 @@ class ArkVale(Policy):
     # ----------------------------------------------------------------------------- decode
     def digest(self, layer: int, keys: np.ndarray) -> PageBoxes:
         """Bounding boxes ``c -/+ d`` of the pages of ``layer``, computed once."""
-        if layer not in self._digests:
-            self._digests[layer] = self._boxes(layer, keys)
-        return self._digests[layer]
-
-    def _boxes(self, layer: int, keys: np.ndarray) -> PageBoxes:
-        """The boxes of ``layer``: those :meth:`digest` kept, else computed and not kept."""
-        if layer in self._digests:
-            return self._digests[layer]
-        return PageBoxes(*bounding_box_digest(keys, self.page_size))
+        return self._digests.of(layer, keys)
 
     def page_scores(self, view: QueryView) -> np.ndarray:
         """Upper bound of ``q . k`` over every page box for the current query, (H_kv, n_pages)."""
@@ -296,11 +287,8 @@ class ArkVale(Policy):
         geometry = self._geometry()
 
         def scores() -> np.ndarray:  # (L, H_kv, P)
-            if self._stacked is None:  # each layer's boxes go into the stack, not kept apart
-                n_layers = self._resident.shape[0]
-                self._stacked = LayerPageBoxes((self._boxes(layer, view.audio_keys(layer))
-                                                for layer in range(n_layers)), n_layers)
-            return self._combine(self._stacked.upper_bound(view.queries()))
+            stacked = self._digests.stacked(self._resident.shape[0], view.audio_keys)
+            return self._combine(stacked.upper_bound(view.queries()))
 
         def ascending() -> tuple[np.ndarray, np.ndarray]:
             order = np.argsort(shared(view, (*geometry, "all"), scores), axis=-1, kind="stable")
@@ -342,7 +330,7 @@ class ArkVale(Policy):
                                           query.device)
         state = self._device
         if layer not in state.boxes:  # computed on the host once, kept on the device only
-            digest = self._boxes(layer, audio_keys)
+            digest = self._digests.computed(layer, audio_keys)
             state.boxes[layer] = pt.DevicePageBoxes(digest._mid_t, digest._half_t, query.device)
         per_q = state.boxes[layer].upper_bound(query)  # (H_kv, g, P)
         if self.share_heads:

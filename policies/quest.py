@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.policies._pages import (
-    LayerPageBoxes,
     PageBoxes,
+    PageDigests,
     minmax_digest,
     n_pages,
     reduce_group,
@@ -91,22 +91,13 @@ class Quest(Policy):
             raise PolicyNotApplicable(
                 f"quest: floor({self.budget:g} × {self._n_pages} pages) = 0 pages to read of "
                 f"{ctx.n_audio} audio tokens; lower page_size (now {self.page_size}) or raise r")
-        self._digests: dict[int, PageBoxes] = {}
-        self._stacked: LayerPageBoxes | None = None  # every layer's digests, for select_layers
+        self._digests = PageDigests(minmax_digest, self.page_size)
         self._n_layers = ctx.heads.n_layers
         return full_tiers(ctx)
 
     def digest(self, layer: int, keys: np.ndarray) -> PageBoxes:
         """Min/max page boxes of ``layer``, computed once from its audio keys."""
-        if layer not in self._digests:
-            self._digests[layer] = self._boxes(layer, keys)
-        return self._digests[layer]
-
-    def _boxes(self, layer: int, keys: np.ndarray) -> PageBoxes:
-        """The boxes of ``layer``: those :meth:`digest` kept, else computed and not kept."""
-        if layer in self._digests:
-            return self._digests[layer]
-        return PageBoxes(*minmax_digest(keys, self.page_size))
+        return self._digests.of(layer, keys)
 
     def page_scores(self, view: QueryView) -> np.ndarray:
         """Criticality upper bound of every page for the current query, (H_kv, n_pages)."""
@@ -130,10 +121,8 @@ class Quest(Policy):
         the budget: computed once per step for every Quest run. Dense layers read every
         position (all of Quest's audio is on GPU), as ``select`` returning None does."""
         def scores() -> np.ndarray:  # (L, H_kv, P)
-            if self._stacked is None:  # each layer's boxes go into the stack, not kept apart
-                self._stacked = LayerPageBoxes((self._boxes(layer, view.audio_keys(layer))
-                                                for layer in range(self._n_layers)), self._n_layers)
-            return reduce_group(self._stacked.upper_bound(view.queries()), self.group_reduce)
+            stacked = self._digests.stacked(self._n_layers, view.audio_keys)
+            return reduce_group(stacked.upper_bound(view.queries()), self.group_reduce)
 
         key = ("quest-all", self.page_size, self.group_reduce)
         reads = top_page_reads(shared(view, key, scores), self.page_budget, self._n_audio,

@@ -194,3 +194,29 @@ def test_select_layers_equals_select_layer_by_layer(
         for a, b in zip(fast, slow, strict=True):
             if a.current_tiers() is not None:
                 assert np.array_equal(a.current_tiers(), b.current_tiers())
+
+
+def test_page_digests_keep_a_layer_once_and_stack_without_keeping():
+    """Quest's and ArkVale's digests: a layer asked for is computed once and kept; the stack
+    of every layer asks each layer's keys once, keeps nothing apart, reuses what was kept."""
+    from kvsim.policies._pages import PageDigests
+
+    rng = np.random.default_rng(0)
+    keys = rng.standard_normal((3, 2, 37, 8)).astype(np.float32)  # (L, H_kv, T_a, D)
+    calls: list[int] = []
+
+    def digest(k, page_size):
+        calls.append(page_size)
+        return minmax_digest(k, page_size)
+
+    pages = PageDigests(digest, 5)
+    assert pages.of(1, keys[1]) is pages.of(1, keys[1]) and calls == [5]
+    fresh = pages.computed(0, keys[0])
+    assert fresh is not pages.computed(0, keys[0]) and len(calls) == 3  # not kept
+    asked: list[int] = []
+    stack = pages.stacked(3, lambda layer: asked.append(layer) or keys[layer])
+    assert pages.stacked(3, lambda layer: 1 / 0) is stack and asked == [0, 1, 2]
+    assert len(calls) == 5  # layer 1 came from what was kept
+    q = rng.standard_normal((3, 4, 8)).astype(np.float32)
+    want = np.stack([PageBoxes(*minmax_digest(keys[i], 5)).upper_bound(q[i]) for i in range(3)])
+    np.testing.assert_array_equal(stack.upper_bound(q), want)
