@@ -198,7 +198,6 @@ class LayerPageBoxes:
         return np.matmul(q, self._mid_t) + np.matmul(np.abs(q), self._half_t)
 
 
-
 class PageDigests:
     """One policy's page boxes, every layer's from its audio keys by one digest function
     (:func:`minmax_digest` for Quest, :func:`bounding_box_digest` for ArkVale).
@@ -232,6 +231,7 @@ class PageDigests:
             self._stacked = LayerPageBoxes((self.computed(layer, keys_of(layer))
                                             for layer in range(n_layers)), n_layers)
         return self._stacked
+
 
 def top_pages(scores: np.ndarray, k: int) -> np.ndarray:
     """Boolean mask of the ``k`` highest scores along the last axis (same ``k`` for all rows).
