@@ -11,13 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from kvsim.cache import kvsim_cache, publish_dir
 
 from .convert import load_smollm2, load_whisper_encoder_state_dict
 from .lora import merge_lora
@@ -39,9 +40,8 @@ def default_adapter_path() -> Path | None:
 
 
 def cache_root() -> Path:
-    """Cache directory (``$KVSIM_CACHE`` or ``~/.cache/kvsim``) / minivox."""
-    base = os.environ.get("KVSIM_CACHE") or os.path.join(Path.home(), ".cache", "kvsim")
-    return Path(base) / "minivox"
+    """minivox's folder in kvsim's cache (:func:`kvsim.cache.kvsim_cache`)."""
+    return kvsim_cache("minivox")
 
 
 def build_base(seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -188,20 +188,6 @@ def ensure_cached(adapter: str | Path | None = None, untrained: bool = False) ->
         "adapter": str(ad) if ad else None}, indent=1))
     publish_dir(tmp, out)
     return out
-
-
-def publish_dir(tmp: Path, out: Path) -> None:
-    """Move the finished build ``tmp`` to ``out`` atomically; when another process published
-    ``out`` first (two processes building the same cache at once), drop ``tmp``: either way
-    no ``.tmp*`` directory is left behind."""
-    if not out.exists():
-        try:
-            os.replace(tmp, out)
-            return
-        except OSError:
-            if not out.exists():
-                raise
-    shutil.rmtree(tmp)
 
 
 def average_adapters(srcs: list[str | Path], dst: str | Path,

@@ -31,6 +31,8 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from kvsim.cache import kvsim_cache
+
 BROTLI_VERSION = "1.2.1"
 SDIST_NAME = f"brotli-{BROTLI_VERSION}.tar.gz"
 MEMBER = f"brotli-{BROTLI_VERSION}/tests/testdata/lcet10.txt"
@@ -53,8 +55,7 @@ def default_source() -> Path:
     env = os.environ.get("KVSIM_HELDOUT_TEXT")
     if env:
         return Path(env)
-    cache = Path(os.environ.get("KVSIM_CACHE", Path.home() / ".cache" / "kvsim"))
-    return cache / "minivox" / SDIST_NAME
+    return kvsim_cache("minivox", SDIST_NAME)
 
 
 def read_source(path: str | Path | None = None) -> str:

@@ -374,7 +374,7 @@ def test_training_can_start_from_a_trained_adapter(tiny, tmp_path):
 
 
 def test_a_cache_build_that_loses_the_race_leaves_no_temporary_directory(tmp_path):
-    from kvsim.minivox.build import publish_dir
+    from kvsim.cache import publish_dir
 
     out = tmp_path / "0123456789abcdef"
     first, second = tmp_path / (out.name + ".tmp1"), tmp_path / (out.name + ".tmp2")
