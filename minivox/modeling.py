@@ -36,6 +36,13 @@ WHISPER_TINY_ENCODER = dict(
     activation_function="gelu",
 )
 
+# Whisper base's encoder (OpenAI Whisper base, multilingual; kvsim.whisper.whisper_base_dir):
+# the same layers, wider and deeper. Its conversion matches CTranslate2's encoder as tiny.en's does.
+WHISPER_BASE_ENCODER = dict(WHISPER_TINY_ENCODER, hidden_size=512, intermediate_size=2048,
+                            num_hidden_layers=6, num_attention_heads=8)
+#: The Whisper encoders minivox can convert, by kvsim.whisper's model names.
+WHISPER_ENCODERS = {"tiny.en": WHISPER_TINY_ENCODER, "base": WHISPER_BASE_ENCODER}
+
 #: Seconds of audio per encoder window and audio tokens per window (1500 frames / 4).
 CHUNK_SECONDS = 30
 TOKENS_PER_CHUNK = 375

