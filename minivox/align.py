@@ -1,7 +1,7 @@
 """Stage-1 projector alignment with CTC through the decoder's own embedding table.
 
-The projector (Linear(4*384 -> 576) + GELU + Linear(576 -> 576), as in Voxtral) maps each
-audio token (4 stacked Whisper frames, 80 ms) into SmolLM2's input-embedding space. Stage 1
+The projector (Linear(4*384 -> 576) + GELU + Linear(576 -> 576), as in Voxtral; 4*512 inputs on
+Whisper base's encoder, ``--encoder base``) maps each audio token (4 stacked Whisper frames, 80 ms) into SmolLM2's input-embedding space. Stage 1
 trains it alone, without any decoder forward, with a connectionist temporal classification
 (CTC) loss whose classifier is the *frozen* SmolLM2 embedding matrix ``E``: the score of BPE
 token ``v`` at audio token ``t`` is ``s * cos(proj(x_t), E_v)`` (fixed ``s``) and a learned
@@ -40,10 +40,10 @@ from tqdm import tqdm
 from kvsim.wer import corpus_wer, normalize
 
 from .data import read_manifest
+from .modeling import WHISPER_ENCODERS
 
 FRAMES_PER_TOKEN = 4
 TOKENS_PER_S = 12.5
-ENCODER_DIM = 384
 
 
 def valid_tokens(duration_s: float, n_tokens: int) -> int:
@@ -112,15 +112,15 @@ def length_batches(items, batch_tokens: int, rng: np.random.Generator) -> list[n
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def load_split(data: Path, splits: list[str], tok, cache: Path, encode):
-    """(features fp16 (T, 1536), target ids, text) per clip; ``encode(row)`` computes (and
-    caches) the encoder output of a clip that is not in ``cache`` yet."""
+def load_split(data: Path, splits: list[str], tok, cache: Path, encode, encoder_dim: int):
+    """(features fp16 (T, 4 * encoder_dim), target ids, text) per clip; ``encode(row)``
+    computes (and caches) the encoder output of a clip that is not in ``cache`` yet."""
     items = []
     for split in splits:
         for r in tqdm(read_manifest(data, split).to_dicts(), desc=f"load {split}", mininterval=10):
             f = cache / f"{r['id']}.npy"
             h = np.load(f) if f.is_file() else encode(r).numpy().astype(np.float16)
-            x = h.reshape(-1, ENCODER_DIM * FRAMES_PER_TOKEN)
+            x = h.reshape(-1, encoder_dim * FRAMES_PER_TOKEN)
             x = x[: valid_tokens(r["duration"], x.shape[0])]
             items.append((torch.from_numpy(np.ascontiguousarray(x)), ctc_targets(r["text"], tok),
                           r["text"]))
@@ -144,6 +144,8 @@ class AlignConfig:
     stop_step: int | None = None  #: stop after this step (the lr schedule still spans epochs)
     threads: int = 1
     bf16: bool = True  #: bf16 autocast (emulated, ~50x slower, on CPUs without bf16 units)
+    encoder: str = "tiny.en"  #: the Whisper encoder (minivox.modeling.WHISPER_ENCODERS)
+    train_splits: str = "train,train_long"  #: comma-separated
 
 
 def parse_args(argv: list[str] | None = None) -> AlignConfig:
@@ -168,10 +170,14 @@ def parse_args(argv: list[str] | None = None) -> AlignConfig:
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=d.bf16,
                     help="bf16 autocast of the projector and head (default on, as the shipped "
                          "run; use --no-bf16 on a CPU without bf16 matrix units)")
+    ap.add_argument("--encoder", choices=sorted(WHISPER_ENCODERS), default=d.encoder,
+                    help="the Whisper encoder the projector reads (default tiny.en, the shipped "
+                         "model's; base: a pilot, its features cached in enc_cache_base/)")
+    ap.add_argument("--train-splits", default=d.train_splits, help="comma-separated")
     return AlignConfig(**{k.replace("-", "_"): v for k, v in vars(ap.parse_args(argv)).items()})
 
 
-Clip = tuple[torch.Tensor, list[int], str]  #: (features (T, 1536) fp16, target BPE ids, text)
+Clip = tuple[torch.Tensor, list[int], str]  #: (features (T, 4 * encoder dim) fp16, target BPE ids, text)
 
 
 class CTCAligner:
@@ -220,6 +226,7 @@ class CTCAligner:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")
         save_file(sd, str(tmp), metadata={"format": "minivox-projector-init", "method": "ctc",
+                                          "in_features": str(self.proj[0].in_features),
                                           "steps": str(step), "dev_ctc_wer": f"{wer:.4f}"})
         tmp.replace(out)
 
@@ -291,19 +298,21 @@ def main(argv: list[str] | None = None) -> None:
         key = next(k for k in f.keys() if k.endswith("embed_tokens.weight"))  # noqa: SIM118
         emb = f.get_tensor(key).float()
 
-    cache = cfg.data / "enc_cache"
-    model, proc = build_base(seed=cfg.seed)  # only its encoder: clips not in the cache yet
+    cache = cfg.data / ("enc_cache" if cfg.encoder == "tiny.en" else f"enc_cache_{cfg.encoder}")
+    # only its encoder: clips not in the cache yet
+    model, proc = build_base(seed=cfg.seed, encoder=cfg.encoder)
+    encoder_dim = model.config.audio_config.hidden_size
 
     def encode(row: dict) -> torch.Tensor:
         return encoder_cache(model, proc, row, cache)
 
-    train = load_split(cfg.data, ["train", "train_long"], tok, cache, encode)
-    dev = load_split(cfg.data, ["dev"], tok, cache, encode)
+    train = load_split(cfg.data, cfg.train_splits.split(","), tok, cache, encode, encoder_dim)
+    dev = load_split(cfg.data, ["dev"], tok, cache, encode, encoder_dim)
     model = None
     vocab = sorted({t for _, ids, _ in train for t in ids})
     n_tok = sum(x.shape[0] for x, _, _ in train)
     print(f"{len(train)} clips, {n_tok} audio tokens, CTC vocab {len(vocab)} + blank", flush=True)
-    proj = projector(ENCODER_DIM * FRAMES_PER_TOKEN, cfg.init)
+    proj = projector(encoder_dim * FRAMES_PER_TOKEN, cfg.init)
     aligner = CTCAligner(proj, CTCHead(emb[torch.tensor(vocab)], cfg.scale or None), vocab, cfg.bf16)
 
     def evaluate(step: int) -> float:

@@ -19,6 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from kvsim.cache import kvsim_cache, publish_dir
+from kvsim.whisper import whisper_dir
 
 from .convert import load_smollm2, load_whisper_encoder_state_dict
 from .lora import merge_lora
@@ -44,8 +45,10 @@ def cache_root() -> Path:
     return kvsim_cache("minivox")
 
 
-def build_base(seed: int = 0, dtype: torch.dtype = torch.float32):
-    """minivox with the converted encoder and decoder and a seeded random projector.
+def build_base(seed: int = 0, dtype: torch.dtype = torch.float32, encoder: str = "tiny.en"):
+    """minivox with the converted encoder (the Whisper ``encoder`` of
+    :data:`~kvsim.minivox.modeling.WHISPER_ENCODERS`; tiny.en is the shipped model's) and
+    decoder and a seeded random projector.
 
     Returns
     -------
@@ -57,10 +60,10 @@ def build_base(seed: int = 0, dtype: torch.dtype = torch.float32):
         del text_cfg.quantization_config
     text_cfg.tie_word_embeddings = False
     audio_id = int(tok.convert_tokens_to_ids(AUDIO_TOKEN))
-    cfg = build_config(text_cfg, audio_id, AUDIO_TOKEN)
+    cfg = build_config(text_cfg, audio_id, AUDIO_TOKEN, encoder)
     torch.manual_seed(seed)
     model = MinivoxForConditionalGeneration(cfg)
-    enc_sd = load_whisper_encoder_state_dict()
+    enc_sd = load_whisper_encoder_state_dict(whisper_dir(encoder))
     missing, unexpected = model.model.audio_tower.load_state_dict(enc_sd, strict=False)
     if unexpected or [m for m in missing if not m.startswith("avg_pooler")]:
         raise RuntimeError(f"encoder conversion mismatch: missing={missing} unexpected={unexpected}")

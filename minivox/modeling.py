@@ -118,9 +118,13 @@ def register() -> None:
             auto.register(MinivoxConfig, MinivoxForConditionalGeneration)
 
 
-def build_config(text_config: LlamaConfig, audio_token_id: int, audio_token: str) -> MinivoxConfig:
-    """minivox config from the SmolLM2 Llama config and the chosen placeholder token."""
-    audio_cfg = VoxtralEncoderConfig(**WHISPER_TINY_ENCODER)
+def build_config(text_config: LlamaConfig, audio_token_id: int, audio_token: str,
+                 encoder: str = "tiny.en") -> MinivoxConfig:
+    """minivox config from the SmolLM2 Llama config, the chosen placeholder token and the
+    Whisper encoder (:data:`WHISPER_ENCODERS`; the projector stacks 4 of its frames)."""
+    if encoder not in WHISPER_ENCODERS:
+        raise ValueError(f"unknown Whisper encoder {encoder!r}: one of {', '.join(WHISPER_ENCODERS)}")
+    audio_cfg = VoxtralEncoderConfig(**WHISPER_ENCODERS[encoder])
     cfg = MinivoxConfig(
         audio_config=audio_cfg,
         text_config=text_config,

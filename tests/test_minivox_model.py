@@ -485,3 +485,20 @@ def test_beam_search_over_two_windows_starts_from_the_whole_clip(tiny):
         torch.testing.assert_close(out.scores[0][0].double(), whole, rtol=0, atol=bound)
     finally:
         model.float()
+
+
+def test_build_config_takes_either_whisper_encoder():
+    from transformers import LlamaConfig
+
+    from kvsim.minivox.modeling import WHISPER_BASE_ENCODER, build_config
+
+    text = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=4)
+    assert build_config(text, 3, "<a>").audio_config.hidden_size == 384  # the shipped model's
+    base = build_config(text, 3, "<a>", "base")
+    assert base.audio_config.hidden_size == WHISPER_BASE_ENCODER["hidden_size"] == 512
+    assert base.audio_config.num_hidden_layers == 6
+    proj = MinivoxForConditionalGeneration(base).model.multi_modal_projector
+    assert proj.linear_1.in_features == 4 * 512  # 4 stacked frames of the wider encoder
+    with pytest.raises(ValueError, match="unknown Whisper encoder 'small': one of tiny.en, base"):
+        build_config(text, 3, "<a>", "small")
