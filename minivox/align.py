@@ -1,9 +1,10 @@
 """Stage-1 projector alignment with CTC through the decoder's own embedding table.
 
-The projector (Linear(4*384 -> 576) + GELU + Linear(576 -> 576), as in Voxtral; 4*512 inputs on
-Whisper base's encoder, ``--encoder base``) maps each audio token (4 stacked Whisper frames, 80 ms) into SmolLM2's input-embedding space. Stage 1
-trains it alone, without any decoder forward, with a connectionist temporal classification
-(CTC) loss whose classifier is the *frozen* SmolLM2 embedding matrix ``E``: the score of BPE
+The projector (Linear(4*384 -> 576) + GELU + Linear(576 -> 576), as in Voxtral; 4*512 inputs
+on Whisper base's encoder, ``--encoder base``) maps each audio token (4 stacked Whisper
+frames, 80 ms) into SmolLM2's input-embedding space. Stage 1 trains it alone, without any
+decoder forward, with a connectionist temporal classification (CTC) loss whose classifier is
+the *frozen* SmolLM2 embedding matrix ``E``: the score of BPE
 token ``v`` at audio token ``t`` is ``s * cos(proj(x_t), E_v)`` (fixed ``s``) and a learned
 direction scores the CTC blank. CTC finds the alignment itself, so the projector learns to place, at the audio tokens
 where a word is heard, a vector that points at that word's BPE embedding. The frozen decoder
@@ -239,6 +240,9 @@ def projector(feature_dim: int, init: Path | None) -> nn.Sequential:
         from safetensors.torch import load_file
 
         w = load_file(str(init))
+        if w["linear_1.weight"].shape[1] != feature_dim:
+            raise ValueError(f"{init}: a projector for {w['linear_1.weight'].shape[1]} input "
+                             f"features, this encoder gives {feature_dim} (--encoder)")
         proj[0].weight.data.copy_(w["linear_1.weight"])
         proj[2].weight.data.copy_(w["linear_2.weight"])
     return proj

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -116,3 +119,8 @@ def test_fit_trains_a_ctc_aligner_that_transcribes_and_saves(tmp_path):
     assert not cfg.out.with_suffix(".tmp").exists()
     assert parse_args(["--no-bf16", "--stop-step", "5"]).bf16 is False
     assert parse_args([]) == AlignConfig()
+    wide = parse_args(["--encoder", "base", "--train-splits", "train"])
+    assert (wide.encoder, wide.train_splits) == ("base", "train")
+    with pytest.raises(ValueError, match=f"^{re.escape(str(cfg.out))}: a projector for 12 input features, "
+                       "this encoder gives 24 \\(--encoder\\)$"):
+        projector(2 * feat, cfg.out)
