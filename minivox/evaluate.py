@@ -152,8 +152,8 @@ def decode_clip(model, proc, audio: np.ndarray, ref_words: int, opts: EvalOption
         window = None if opts.read_window is None else ReadWindow.for_inputs(
             opts.read_window, inp["input_ids"], proc.audio_token_id, AUDIO_TOKENS_PER_SECOND)
         procs = _option_processors(model, opts, n_in, window, piece.size)
-        if procs.as_list():
-            kwargs["logits_processor"] = LogitsProcessorList(procs.as_list())
+        if on := procs.as_list():
+            kwargs["logits_processor"] = LogitsProcessorList(on)
         with torch.no_grad():
             if window is None:
                 res = model.generate(**inp, **kwargs)

@@ -24,6 +24,8 @@ from transformers import (
     VoxtralForConditionalGeneration,
 )
 
+from kvsim.whisper import WHISPER_MODELS
+
 # Whisper tiny.en encoder geometry.
 WHISPER_TINY_ENCODER = dict(
     vocab_size=51864,
@@ -41,7 +43,7 @@ WHISPER_TINY_ENCODER = dict(
 WHISPER_BASE_ENCODER = dict(WHISPER_TINY_ENCODER, hidden_size=512, intermediate_size=2048,
                             num_hidden_layers=6, num_attention_heads=8)
 #: The Whisper encoders minivox can convert, by kvsim.whisper's model names.
-WHISPER_ENCODERS = {"tiny.en": WHISPER_TINY_ENCODER, "base": WHISPER_BASE_ENCODER}
+WHISPER_ENCODERS = dict(zip(WHISPER_MODELS, (WHISPER_TINY_ENCODER, WHISPER_BASE_ENCODER), strict=True))
 
 #: Seconds of audio per encoder window and audio tokens per window (1500 frames / 4).
 CHUNK_SECONDS = 30
