@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoTokenizer
 
     from .build import build_base
-    from .train import encoder_cache
+    from .train import encoder_cache, encoder_cache_dir
 
     base = _untrained_dir()
     tok = AutoTokenizer.from_pretrained(str(base))
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         key = next(k for k in f.keys() if k.endswith("embed_tokens.weight"))  # noqa: SIM118
         emb = f.get_tensor(key).float()
 
-    cache = cfg.data / ("enc_cache" if cfg.encoder == "tiny.en" else f"enc_cache_{cfg.encoder}")
+    cache = encoder_cache_dir(cfg.data, cfg.encoder)
     # only its encoder: clips not in the cache yet
     model, proc = build_base(seed=cfg.seed, encoder=cfg.encoder)
     encoder_dim = model.config.audio_config.hidden_size

