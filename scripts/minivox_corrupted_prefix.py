@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from kvsim.minivox import load_minivox, minivox_dir
 from kvsim.minivox.data import add_clip_arguments, read_manifest
 from kvsim.minivox.guided import TOKENS_PER_SECOND, AttentionProbe, GuideTargets, target_spans
-from kvsim.minivox.train import make_batch, part_encodings, scored_logits
+from kvsim.minivox.train import encoder_cache_dir, make_batch, part_encodings, scored_logits
 
 
 def corrupted_text(text: str, other: str, at: float, n_words: int) -> tuple[str, int]:
@@ -134,8 +134,9 @@ def main() -> None:
     results = []
     print("clip\tafter the passage: read error true / wrong (s)\tin word true / wrong"
           "\tloss true / wrong (nats)\tduring the wrong passage: reads in its audio / ahead / behind")
+    cache = encoder_cache_dir(args.data, model.config.whisper_encoder)
     for i in range(*args.clips.indices(len(rows))):
-        r = compare(model, proc, rows[i], rows[(i + 1) % len(rows)], args.data / "enc_cache",
+        r = compare(model, proc, rows[i], rows[(i + 1) % len(rows)], cache,
                     args.at, args.words, args.tokens, layers)
         results.append(r)
         inw = {k: float(np.mean(r[f"{k}_error_s"] <= args.margin_s)) for k in ("true", "wrong")}

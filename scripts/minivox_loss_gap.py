@@ -20,7 +20,7 @@ import torch
 
 from kvsim.minivox import load_minivox, minivox_dir
 from kvsim.minivox.data import read_manifest
-from kvsim.minivox.train import TrainConfig, batch_rows, loss_fn, make_batch
+from kvsim.minivox.train import TrainConfig, batch_rows, encoder_cache_dir, loss_fn, make_batch
 
 
 def seen_training_clips(data: Path, n: int = 16) -> list[dict]:
@@ -62,8 +62,9 @@ def main() -> None:
     for adapter in args.adapters:
         model, proc = load_minivox(minivox_dir(adapter))
         model.eval()
+        cache = encoder_cache_dir(args.data, model.config.whisper_encoder)
         for name, rows in sets.items():
-            loss, tokens = transcript_loss(model, proc, rows, args.data / "enc_cache")
+            loss, tokens = transcript_loss(model, proc, rows, cache)
             print(f"{adapter}\t{name}\t{len(rows)} clips\t{tokens} tokens\tloss {loss:.3f}", flush=True)
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from kvsim.minivox import load_minivox, minivox_dir
 from kvsim.minivox.data import add_clip_arguments, read_manifest
-from kvsim.minivox.train import make_batch, scored_logits
+from kvsim.minivox.train import encoder_cache_dir, make_batch, scored_logits
 
 
 @torch.no_grad()
@@ -40,8 +40,9 @@ def main() -> None:
     model, proc = load_minivox(minivox_dir(args.adapter))
     model.eval()
     means = []
+    cache = encoder_cache_dir(args.data, model.config.whisper_encoder)
     for row in read_manifest(args.data, args.split).to_dicts()[args.clips]:
-        ce = token_losses(model, proc, row, args.data / "enc_cache")
+        ce = token_losses(model, proc, row, cache)
         means.append([part.mean() for part in np.array_split(ce, args.parts)])
         print(f"{row['id']}\t{row['duration']:.0f} s\t{ce.size} tokens\t"
               + "\t".join(f"{m:.2f}" for m in means[-1]), flush=True)

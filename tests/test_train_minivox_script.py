@@ -24,15 +24,19 @@ DRIVING = {"max_minutes", "stop_step"}
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
-@pytest.fixture(scope="module")
-def commands(tmp_path_factory) -> list[list[str]]:
-    data = tmp_path_factory.mktemp("d")
-    env = {**os.environ, "DRY_RUN": "1", "PYTHON": "python"}
+def dry_run(data: Path, **env: str) -> list[list[str]]:
+    """The commands the script prints with DRY_RUN=1 (``data`` written as D)."""
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": "python", **env}
     out = subprocess.run(["bash", str(SCRIPT), str(data)], env=env, capture_output=True,
                          text=True, check=True, cwd=ROOT)
     lines = [ln[2:].replace(str(data), "D") for ln in out.stderr.splitlines() if ln.startswith("+ ")]
     # `run` echoes "$*", which drops the quotes around `python -c CODE`: keep CODE whole
     return [ln.split(" ", 2) if ln.startswith("python -c ") else shlex.split(ln) for ln in lines]
+
+
+@pytest.fixture(scope="module")
+def commands(tmp_path_factory) -> list[list[str]]:
+    return dry_run(tmp_path_factory.mktemp("d"))
 
 
 def phases(commands: list[list[str]]) -> list[tuple[str, object, TrainConfig]]:
@@ -95,3 +99,20 @@ def test_every_run_starts_from_an_adapter_the_script_made_before(commands):
             made.add(argv[argv.index("--out") + 1])
     assert commands[-1][:2] == ["python", "-c"]
     assert "'D/runW/last.safetensors', 'minivox/adapter.safetensors'" in commands[-1][2]
+
+
+def test_another_encoder_runs_the_same_recipe_in_its_own_folders(commands, tmp_path):
+    """ENCODER=base: the same commands, each told the encoder, its stage-1 projectors and runs
+    under D/encoder-base (the features under D/enc_cache_base, the trainer's own choice)."""
+    base = dry_run(tmp_path, ENCODER="base")
+    assert len(base) == len(commands)
+    for argv, plain in zip(base, commands, strict=True):
+        if argv[:3] in (["python", "-m", "kvsim.minivox.train"], ["python", "-m", "kvsim.minivox.align"]):
+            assert argv[argv.index("--encoder") + 1] == "base", argv
+            assert plain[plain.index("--encoder") + 1] == "tiny.en", plain
+        if argv[:3] == ["python", "-m", "kvsim.minivox.data"]:
+            assert argv == plain  # one corpus for both encoders
+    runs = [r for r, _, _ in phases(base)]
+    assert runs and all(r.startswith("D/encoder-base/run") for r in runs)
+    assert [r.replace("D/encoder-base/", "D/") for r in runs] == [r for r, _, _ in phases(commands)]
+    assert "'D/encoder-base/runW/last.safetensors', 'minivox/adapter.safetensors'" in base[-1][2]
