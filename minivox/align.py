@@ -42,6 +42,7 @@ from kvsim.wer import corpus_wer, normalize
 
 from .data import read_manifest
 from .modeling import WHISPER_ENCODERS
+from .train import encoder_cache, encoder_cache_dir, encoder_cache_file
 
 FRAMES_PER_TOKEN = 4
 TOKENS_PER_S = 12.5
@@ -119,7 +120,7 @@ def load_split(data: Path, splits: list[str], tok, cache: Path, encode, encoder_
     items = []
     for split in splits:
         for r in tqdm(read_manifest(data, split).to_dicts(), desc=f"load {split}", mininterval=10):
-            f = cache / f"{r['id']}.npy"
+            f = encoder_cache_file(r, cache)
             h = np.load(f) if f.is_file() else encode(r).numpy().astype(np.float16)
             x = h.reshape(-1, encoder_dim * FRAMES_PER_TOKEN)
             x = x[: valid_tokens(r["duration"], x.shape[0])]
@@ -294,7 +295,6 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoTokenizer
 
     from .build import build_base
-    from .train import encoder_cache, encoder_cache_dir
 
     base = _untrained_dir()
     tok = AutoTokenizer.from_pretrained(str(base))

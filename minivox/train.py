@@ -19,6 +19,7 @@ Resumes from ``<run>/last.pt`` when present; every ``--eval-every`` steps prints
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -159,12 +160,22 @@ def encode_audio(model, proc, audio: np.ndarray) -> torch.Tensor:
     return h.reshape(-1, h.shape[-1])
 
 
-def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
-    """Frozen encoder output ``(n_chunks*1500, hidden)`` for a manifest row (fp16 on disk); a
-    speed-perturbed row (:func:`kvsim.minivox.augment.speed_row`) is resampled first and
-    cached under its own name."""
+def encoder_cache_file(row: dict, cache_dir: Path) -> Path:
+    """Where :func:`encoder_cache` keeps a manifest row's encoder output: named by the clip's
+    id, a digest of what was spoken (text, voice, rate, duration) and its speed factor, so a
+    corpus regenerated into the same folder (another seed or clip count: the same ids, other
+    clips) never reads the features of the clips it replaced."""
+    spoken = json.dumps([row["text"], row.get("voice"), row.get("rate"), row.get("duration")])
+    digest = hashlib.sha256(spoken.encode()).hexdigest()[:12]
     speed = row.get("speed", 1.0)
-    f = cache_dir / (f"{row['id']}.npy" if speed == 1.0 else f"{row['id']}@x{speed:g}.npy")
+    return cache_dir / (f"{row['id']}-{digest}" + ("" if speed == 1.0 else f"@x{speed:g}") + ".npy")
+
+
+def encoder_cache(model, proc, row: dict, cache_dir: Path) -> torch.Tensor:
+    """Frozen encoder output ``(n_chunks*1500, hidden)`` for a manifest row (fp16 on disk,
+    :func:`encoder_cache_file`); a speed-perturbed row
+    (:func:`kvsim.minivox.augment.speed_row`) is resampled first and cached under its own name."""
+    f = encoder_cache_file(row, cache_dir)
     if f.is_file():
         return torch.from_numpy(np.load(f).astype(np.float32))
     with torch.no_grad():

@@ -17,7 +17,7 @@ from kvsim.minivox.augment import (
     speed_ratio,
     speed_row,
 )
-from kvsim.minivox.train import encoder_cache, joined_row
+from kvsim.minivox.train import encoder_cache, encoder_cache_file, joined_row
 
 SR = 16000
 
@@ -124,6 +124,15 @@ def test_encoder_cache_resamples_and_names_a_perturbed_clip(tmp_path) -> None:
     fast = encoder_cache(model, proc, speed_row(row, 1.1), cache)
     assert seen == [17600, 16000]  # the encoder heard the resampled audio
     assert plain[0, 0].item() == 17600 and fast[0, 0].item() == 16000
-    assert sorted(p.name for p in cache.iterdir()) == ["c-00001.npy", "c-00001@x1.1.npy"]
+    names = sorted(p.name for p in cache.iterdir())
+    assert names == [encoder_cache_file(row, cache).name, encoder_cache_file(speed_row(row, 1.1), cache).name]
+    assert names[0].startswith("c-00001-") and names[1].endswith("@x1.1.npy")
     encoder_cache(model, proc, speed_row(row, 1.1), cache)  # from the cache: no new encoding
     assert seen == [17600, 16000]
+    # a corpus regenerated into the same folder: the same id, another clip, encoded afresh
+    for change in ({"text": ROW["text"] + " again"}, {"voice": "other"}, {"rate": 1.5},
+                   {"duration": 9.0}):
+        other = {**row, **change}
+        assert encoder_cache_file(other, cache) != encoder_cache_file(row, cache), change
+        encoder_cache(model, proc, other, cache)
+    assert seen == [17600, 16000] + [17600] * 4

@@ -84,13 +84,13 @@ def test_joined_row_keeps_the_clip_order() -> None:
 
 
 def test_joined_example_encoding_is_the_clips_back_to_back(tmp_path) -> None:
-    from kvsim.minivox.train import example_encoding
+    from kvsim.minivox.train import encoder_cache_file, example_encoding
 
     rng = np.random.default_rng(0)
     encs = {r["id"]: rng.standard_normal((1500 * (i + 1), 8)).astype(np.float16)
             for i, r in enumerate(LONG[:3])}
-    for k, v in encs.items():
-        np.save(tmp_path / f"{k}.npy", v)
+    for r in LONG[:3]:
+        np.save(encoder_cache_file(r, tmp_path), encs[r["id"]])
     # cached clips are read from the cache: no model, no audio needed
     out = example_encoding(None, None, joined_row(LONG[:3]), tmp_path)
     assert out.shape == (1500 * 6, 8)
