@@ -390,9 +390,9 @@ def load_trainable_adapter(model, path: Path) -> str:
     none. An adapter of another Whisper encoder than the model's is refused. Returns what
     happened to the encoder's, in words."""
     tensors, meta = read_adapter(path)
-    encoder = adapter_encoder(meta, path)
-    if encoder != model.config.whisper_encoder:
-        raise ValueError(f"{path}: an adapter of Whisper {encoder}'s encoder; this run's is "
+    trained_on = adapter_encoder(meta, path)
+    if trained_on != model.config.whisper_encoder:
+        raise ValueError(f"{path}: an adapter of Whisper {trained_on}'s encoder; this run's is "
                          f"{model.config.whisper_encoder}'s (--encoder)")
     parts = split_adapter(tensors, torch.float32)
     model.model.multi_modal_projector.load_state_dict(parts.projector)
@@ -538,9 +538,9 @@ def start_or_resume(run: Path, model, proc, opt, sched, train_rows: list[dict], 
     last = run / "last.pt"
     if last.is_file():  # resume; the initialisations below are for a new run only
         st = torch.load(last, weights_only=True)
-        encoder = st["cfg"].get("encoder", DEFAULT_ENCODER)
-        if encoder != model.config.whisper_encoder:
-            raise ValueError(f"{last}: a run on Whisper {encoder}'s encoder; this one asks for "
+        trained_on = st["cfg"].get("encoder", DEFAULT_ENCODER)
+        if trained_on != model.config.whisper_encoder:
+            raise ValueError(f"{last}: a run on Whisper {trained_on}'s encoder; this one asks for "
                              f"{model.config.whisper_encoder}'s (--encoder)")
         model.model.multi_modal_projector.load_state_dict(st["projector"])
         load_lora_state(model.model.language_model, st["lora"])
