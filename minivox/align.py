@@ -287,6 +287,32 @@ def fit(aligner: CTCAligner, train: list[Clip], cfg: AlignConfig,
     return step
 
 
+def partial_path(out: Path) -> Path:
+    """Where a run writes the projector at its intermediate evaluations: beside ``out``, named
+    so that only a finished run's file has the name a script waits for."""
+    return out.with_name(f"{out.stem}.partial{out.suffix}")
+
+
+def fit_and_save(aligner: CTCAligner, train: list[Clip], cfg: AlignConfig,
+                 dev_wer: Callable[[], float]) -> tuple[int, float]:
+    """:func:`fit`, saving the projector to :func:`partial_path` at every evaluation and to
+    ``cfg.out`` only once the run has ended (the partial file then removed): an interrupted
+    run leaves no file at ``cfg.out`` (``scripts/train_minivox.sh`` skips a stage whose output
+    exists). Returns (steps, final dev CTC WER)."""
+    partial = partial_path(cfg.out)
+
+    def evaluate(step: int) -> float:
+        wer = dev_wer()
+        aligner.save(partial, step, wer)
+        return wer
+
+    step = fit(aligner, train, cfg, evaluate)
+    wer = dev_wer()
+    aligner.save(cfg.out, step, wer)
+    partial.unlink(missing_ok=True)
+    return step, wer
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
     torch.set_num_threads(cfg.threads)
@@ -319,16 +345,14 @@ def main(argv: list[str] | None = None) -> None:
     proj = projector(encoder_dim * FRAMES_PER_TOKEN, cfg.init)
     aligner = CTCAligner(proj, CTCHead(emb[torch.tensor(vocab)], cfg.scale or None), vocab, cfg.bf16)
 
-    def evaluate(step: int) -> float:
+    def dev_wer() -> float:
         hyps = aligner.transcribe(dev, tok.decode)
         wer = corpus_wer(hyps, [t for _, _, t in dev], tok)
         print(f"\n  dev CTC WER {wer:.4f} | {hyps[0][:150]!r}", flush=True)
-        aligner.save(cfg.out, step, wer)
         return wer
 
     t0 = time.time()
-    step = fit(aligner, train, cfg, evaluate)
-    wer = evaluate(step)
+    step, wer = fit_and_save(aligner, train, cfg, dev_wer)
     print(f"wrote {cfg.out} after {step} steps ({time.time() - t0:.0f} s), dev CTC WER {wer:.4f}")
 
 

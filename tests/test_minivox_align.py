@@ -83,11 +83,10 @@ def test_ctc_through_frozen_embeddings_learns_a_readable_projection():
     assert cos[torch.arange(5), torch.tensor(seq)].min() > 0.5
 
 
-def test_fit_trains_a_ctc_aligner_that_transcribes_and_saves(tmp_path):
-    """The stage-1 loop (fit + CTCAligner) end to end on a synthetic corpus: non-contiguous
-    BPE ids map through the compact vocabulary and back, the saved projector reloads, and
-    --no-bf16 reaches the aligner's configuration."""
-    from kvsim.minivox.align import AlignConfig, CTCAligner, fit, parse_args, projector
+def _synthetic_corpus():
+    """(vocab, feature width, clip maker, 64 training clips, CTC head, fresh aligner): clips
+    whose frames encode BPE ids of a five-token vocabulary, noise added."""
+    from kvsim.minivox.align import CTCAligner, projector
 
     torch.manual_seed(0)
     vocab = [11, 23, 37, 41, 58]  # BPE ids as they occur in transcripts
@@ -105,7 +104,50 @@ def test_fit_trains_a_ctc_aligner_that_transcribes_and_saves(tmp_path):
     train = [clip([vocab[k] for k in torch.randint(0, 5, (5,), generator=g).tolist()])
              for _ in range(64)]
     head = CTCHead(torch.randn(len(vocab), 576))
-    aligner = CTCAligner(projector(feat, None), head, vocab, bf16=False)
+    return vocab, feat, clip, train, head, CTCAligner(projector(feat, None), head, vocab, bf16=False)
+
+
+def test_an_interrupted_stage_1_leaves_no_finished_projector(tmp_path):
+    """fit_and_save: evaluations write the partial file; only the run's end writes --out (the
+    recipe skips a stage whose output exists) and removes the partial file."""
+    from kvsim.minivox.align import AlignConfig, fit_and_save, partial_path
+
+    *_, train, _, aligner = _synthetic_corpus()
+    out = tmp_path / "align.safetensors"
+    assert partial_path(out) == tmp_path / "align.partial.safetensors"
+    cfg = AlignConfig(epochs=2, batch_tokens=160, lr=1e-2, eval_every=4, out=out)
+    calls = []
+
+    def interrupted() -> float:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return 0.5
+
+    with pytest.raises(KeyboardInterrupt):
+        fit_and_save(aligner, train, cfg, interrupted)
+    assert not out.exists() and partial_path(out).is_file()
+    assert steps_saved(partial_path(out)) == 4
+    assert fit_and_save(aligner, train, cfg, lambda: 0.25) == (16, 0.25)
+    assert out.is_file() and not partial_path(out).exists()
+    assert steps_saved(out) == 16
+
+
+def steps_saved(path) -> int:
+    """The step count an aligner's saved projector records."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return int(f.metadata()["steps"])
+
+
+def test_fit_trains_a_ctc_aligner_that_transcribes_and_saves(tmp_path):
+    """The stage-1 loop (fit + CTCAligner) end to end on a synthetic corpus: non-contiguous
+    BPE ids map through the compact vocabulary and back, the saved projector reloads, and
+    --no-bf16 reaches the aligner's configuration."""
+    from kvsim.minivox.align import AlignConfig, CTCAligner, fit, parse_args, projector
+
+    vocab, feat, clip, train, head, aligner = _synthetic_corpus()
     cfg = AlignConfig(epochs=30, batch_tokens=160, lr=1e-2, eval_every=10**6, out=tmp_path / "p.st")
     evaluated: list[int] = []
     steps = fit(aligner, train, cfg, lambda step: evaluated.append(step) or 0.0)
