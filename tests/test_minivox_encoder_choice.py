@@ -40,6 +40,7 @@ from kvsim.minivox.train import (
     start_or_resume,
     trainable,
 )
+from kvsim.whisper import WHISPER_PACKAGES
 from tests.test_minivox_model import _tiny_tokenizer
 
 
@@ -101,6 +102,7 @@ def test_each_encoder_has_its_own_feature_cache_and_build_key(tmp_path):
     assert encoder_cache_dir(tmp_path, "tiny.en") == tmp_path / "enc_cache"
     assert encoder_cache_dir(tmp_path, "base") == tmp_path / "enc_cache_base"
     assert _adapter_key(None, "tiny.en") != _adapter_key(None, "base")
+    assert WHISPER_PACKAGES.keys() == WHISPER_ENCODERS.keys()  # every encoder has its packages
 
 
 def test_training_refuses_an_adapter_of_another_encoder(tmp_path):
