@@ -108,7 +108,11 @@ def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, s
 def adapter_encoder(meta: dict[str, str], path: str | Path) -> str:
     """The Whisper encoder an adapter was trained on, from its metadata (``encoder``;
     :data:`DEFAULT_ENCODER` when absent); a name minivox cannot build is a one-line error."""
-    name = json.loads(meta.get("encoder", json.dumps(DEFAULT_ENCODER)))
+    raw = meta.get("encoder", json.dumps(DEFAULT_ENCODER))
+    try:
+        name = json.loads(raw)
+    except json.JSONDecodeError:
+        name = raw  # written by hand without JSON quotes: refused below unless a known name
     if name not in WHISPER_ENCODERS:
         raise ValueError(f"{path}: metadata encoder={name!r}: not one of {', '.join(WHISPER_ENCODERS)}")
     return name

@@ -69,6 +69,13 @@ def test_an_adapter_names_its_encoder_and_old_ones_are_tiny_en(tmp_path):
                        ({"encoder": "tiny.en"}, "tiny.en")):
         _adapter(tmp_path / "a.safetensors", model, meta)
         assert adapter_encoder(adapter_metadata(tmp_path / "a.safetensors"), "a") == want
+    from safetensors.torch import load_file
+
+    raw = tmp_path / "raw.safetensors"  # metadata written by another tool, not JSON-encoded
+    save_file(load_file(str(tmp_path / "a.safetensors")), str(raw),
+              metadata={"format": "minivox-adapter-v1", "encoder": "large-v3"})
+    with pytest.raises(ValueError, match=r"^raw: metadata encoder='large-v3': not one of"):
+        adapter_encoder(adapter_metadata(raw), "raw")
     _adapter(tmp_path / "b.safetensors", model, {"encoder": "large-v3"})
     with pytest.raises(ValueError, match=r"^b\.safetensors: metadata encoder='large-v3': not one of tiny\.en, base$"):
         adapter_encoder(adapter_metadata(tmp_path / "b.safetensors"), "b.safetensors")
