@@ -41,7 +41,7 @@ from tqdm import tqdm
 from kvsim.wer import corpus_wer, normalize
 
 from .data import read_manifest
-from .modeling import WHISPER_ENCODERS
+from .modeling import DEFAULT_ENCODER, WHISPER_ENCODERS
 from .train import encoder_cache, encoder_cache_dir, encoder_cache_file
 
 FRAMES_PER_TOKEN = 4
@@ -146,7 +146,7 @@ class AlignConfig:
     stop_step: int | None = None  #: stop after this step (the lr schedule still spans epochs)
     threads: int = 1
     bf16: bool = True  #: bf16 autocast (emulated, ~50x slower, on CPUs without bf16 units)
-    encoder: str = "tiny.en"  #: the Whisper encoder (minivox.modeling.WHISPER_ENCODERS)
+    encoder: str = DEFAULT_ENCODER  #: the Whisper encoder (minivox.modeling.WHISPER_ENCODERS)
     train_splits: str = "train,train_long"  #: comma-separated
 
 

@@ -24,7 +24,12 @@ from kvsim.whisper import WHISPER_PACKAGES, whisper_dir
 
 from .convert import load_smollm2, load_whisper_encoder_state_dict
 from .lora import merge_lora
-from .modeling import WHISPER_ENCODERS, MinivoxForConditionalGeneration, build_config
+from .modeling import (
+    DEFAULT_ENCODER,
+    WHISPER_ENCODERS,
+    MinivoxForConditionalGeneration,
+    build_config,
+)
 from .processing import MinivoxProcessor
 
 AUDIO_TOKEN = "<empty_output>"
@@ -32,9 +37,6 @@ ADAPTER_FORMAT = "minivox-adapter-v1"
 #: Key prefix of the audio encoder's LoRA factors in an adapter file.
 ENCODER_LORA = "encoder_lora."
 REPO_WEIGHTS = Path(__file__).resolve().parent / "adapter.safetensors"
-#: The Whisper encoder of an adapter whose metadata names none (every adapter written before
-#: the metadata key ``encoder`` existed, the shipped one included).
-DEFAULT_ENCODER = "tiny.en"
 
 
 def default_adapter_path() -> Path | None:
@@ -107,7 +109,8 @@ def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, s
 
 def adapter_encoder(meta: dict[str, str], path: str | Path) -> str:
     """The Whisper encoder an adapter was trained on, from its metadata (``encoder``;
-    :data:`DEFAULT_ENCODER` when absent); a name minivox cannot build is a one-line error."""
+    :data:`~kvsim.minivox.modeling.DEFAULT_ENCODER` when absent, as in every adapter written
+    before the key existed); a name minivox cannot build is a one-line error."""
     raw = meta.get("encoder", json.dumps(DEFAULT_ENCODER))
     try:
         name = json.loads(raw)

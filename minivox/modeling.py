@@ -44,6 +44,9 @@ WHISPER_BASE_ENCODER = dict(WHISPER_TINY_ENCODER, hidden_size=512, intermediate_
                             num_hidden_layers=6, num_attention_heads=8)
 #: The Whisper encoders minivox can convert, by kvsim.whisper's model names.
 WHISPER_ENCODERS = dict(zip(WHISPER_MODELS, (WHISPER_TINY_ENCODER, WHISPER_BASE_ENCODER), strict=True))
+#: The shipped model's encoder, and that of every build or adapter that names none (all of
+#: those from before the encoder was recorded).
+DEFAULT_ENCODER = "tiny.en"
 
 #: Seconds of audio per encoder window and audio tokens per window (1500 frames / 4).
 CHUNK_SECONDS = 30
@@ -64,7 +67,7 @@ class MinivoxConfig(VoxtralConfig):
     audio_token: str = "<empty_output>"
     sampling_rate: int = 16000
     audio_tokens_per_second: float = AUDIO_TOKENS_PER_SECOND
-    whisper_encoder: str = "tiny.en"
+    whisper_encoder: str = DEFAULT_ENCODER
 
 
 class MinivoxForConditionalGeneration(VoxtralForConditionalGeneration):
@@ -123,7 +126,7 @@ def register() -> None:
 
 
 def build_config(text_config: LlamaConfig, audio_token_id: int, audio_token: str,
-                 encoder: str = "tiny.en") -> MinivoxConfig:
+                 encoder: str = DEFAULT_ENCODER) -> MinivoxConfig:
     """minivox config from the SmolLM2 Llama config, the chosen placeholder token and the
     Whisper encoder (:data:`WHISPER_ENCODERS`; the projector stacks 4 of its frames)."""
     if encoder not in WHISPER_ENCODERS:

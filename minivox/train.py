@@ -41,7 +41,6 @@ from kvsim.wer import corpus_wer
 
 from .augment import parse_factors, perturb_rows, resample_speed
 from .build import (
-    DEFAULT_ENCODER,
     REPO_WEIGHTS,
     adapter_encoder,
     build_base,
@@ -52,7 +51,7 @@ from .build import (
 from .data import parse_shard, read_manifest
 from .guided import AttentionProbe, GuideTargets, guided_loss, target_spans
 from .lora import LoRALinear, add_lora, load_lora_state, lora_state
-from .modeling import WHISPER_ENCODERS
+from .modeling import DEFAULT_ENCODER, WHISPER_ENCODERS
 from .rollouts import Rollout, begins_word, rollout_batch
 from .scheduled import mixed_batch
 from .wrong_passages import SOURCES, text_pool, wrong_passage_batch

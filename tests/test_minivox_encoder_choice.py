@@ -41,22 +41,13 @@ from kvsim.minivox.train import (
     trainable,
 )
 from kvsim.whisper import WHISPER_PACKAGES
+from tests.test_minivox_encoder_lora import _model as _tiny_minivox
 from tests.test_minivox_model import _tiny_tokenizer
 
 
 def _model(encoder: str = "tiny.en", width: int = 8) -> MinivoxForConditionalGeneration:
     """A tiny minivox whose config names ``encoder``; the projector reads 4 * ``width``."""
-    from transformers import VoxtralEncoderConfig
-
-    audio = VoxtralEncoderConfig(hidden_size=width, intermediate_size=4 * width,
-                                 num_hidden_layers=1, num_attention_heads=2, num_mel_bins=80,
-                                 max_source_positions=1500)
-    text = LlamaConfig(vocab_size=len(_tiny_tokenizer()), hidden_size=16, intermediate_size=32,
-                       num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                       head_dim=4, max_position_embeddings=4096)
-    torch.manual_seed(0)
-    return MinivoxForConditionalGeneration(MinivoxConfig(
-        audio_config=audio, text_config=text, audio_token_id=3, whisper_encoder=encoder))
+    return _tiny_minivox(encoder_layers=1, encoder=encoder, width=width)
 
 
 def _adapter(path, model, meta: dict) -> None:

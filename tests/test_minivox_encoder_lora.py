@@ -35,10 +35,13 @@ from tests.float32_bounds import gamma
 from tests.test_minivox_model import _tiny_tokenizer
 
 
-def _model(encoder_layers: int = 2) -> MinivoxForConditionalGeneration:
+def _model(encoder_layers: int = 2, encoder: str = "tiny.en",
+           width: int = 8) -> MinivoxForConditionalGeneration:
+    """A tiny minivox whose config names the Whisper ``encoder``; its encoder is ``width``
+    wide, so the projector reads 4 * ``width`` features."""
     from transformers import LlamaConfig, VoxtralEncoderConfig
 
-    audio = VoxtralEncoderConfig(hidden_size=8, intermediate_size=32,
+    audio = VoxtralEncoderConfig(hidden_size=width, intermediate_size=4 * width,
                                  num_hidden_layers=encoder_layers, num_attention_heads=2,
                                  num_mel_bins=80, max_source_positions=1500)
     text = LlamaConfig(vocab_size=len(_tiny_tokenizer()), hidden_size=16, intermediate_size=32,
@@ -46,7 +49,8 @@ def _model(encoder_layers: int = 2) -> MinivoxForConditionalGeneration:
                        head_dim=4, max_position_embeddings=4096)
     torch.manual_seed(0)
     return MinivoxForConditionalGeneration(
-        MinivoxConfig(audio_config=audio, text_config=text, audio_token_id=3))
+        MinivoxConfig(audio_config=audio, text_config=text, audio_token_id=3,
+                      whisper_encoder=encoder))
 
 
 @pytest.fixture(scope="module")
