@@ -31,7 +31,7 @@ import random
 import re
 import sys
 import tarfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -397,26 +397,82 @@ def missing_inputs(cfg: DataConfig, splits: list[str] | None = None,
     return problems
 
 
-def generate(out: Path, cfg: DataConfig, splits: list[str] | None = None) -> Path:
+def split_record(cfg: DataConfig, spec: SplitSpec, fortunes_digest: str) -> dict:
+    """What a split's clips are a function of: the seed, the split's spec, the held-out shares
+    (they decide which fortunes each split reads), the held-out text source and a digest of
+    the cleaned fortunes (a changed ``fortunes`` package changes every split)."""
+    return {"format": 1, "seed": cfg.seed, "spec": asdict(spec),
+            "heldout_share": cfg.heldout_share, "heldout_text": cfg.heldout_text,
+            "fortunes_sha256": fortunes_digest}
+
+
+def fortunes_sha256(root: Path = FORTUNE_DIR) -> str:
+    """Digest of :func:`load_fortunes`' texts, in order."""
+    return hashlib.sha256("\n".join(load_fortunes(root)).encode()).hexdigest()
+
+
+def record_path(out: Path, split: str) -> Path:
+    """``<out>/parts/<split>.json``: the record of a complete split (:func:`split_record`)."""
+    return out / "parts" / f"{split}.json"
+
+
+def split_is_current(out: Path, record: dict) -> bool:
+    """Whether ``out`` holds the split ``record`` describes, complete: its manifest part, a
+    record equal to ``record`` (written after the part) and every audio file it lists."""
+    import json
+
+    import polars as pl
+
+    name = record["spec"]["name"]
+    part, rec = out / "parts" / f"{name}.parquet", record_path(out, name)
+    if not (part.is_file() and rec.is_file()):
+        return False
+    try:
+        if json.loads(rec.read_text()) != json.loads(json.dumps(record)):
+            return False
+        paths = pl.read_parquet(part, columns=["audio_path"])["audio_path"]
+    except (OSError, ValueError, pl.exceptions.PolarsError):
+        return False
+    return all((out / rel).is_file() for rel in paths)
+
+
+def _write_record(out: Path, record: dict) -> None:
+    import json
+
+    with atomic_file(record_path(out, record["spec"]["name"])) as tmp:
+        Path(tmp).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def generate(out: Path, cfg: DataConfig, splits: list[str] | None = None,
+             force: bool = False) -> Path:
     """Generate audio + manifest under ``out``; returns the manifest path.
 
     libespeak-ng keeps state between calls within a process (its output depends on what was
     synthesised before), so every split is synthesised in a fresh process: each split is
-    then a deterministic function of (seed, split), whatever else is regenerated.
+    then a deterministic function of (seed, split), whatever else is regenerated. A split
+    already complete under ``out`` with the same :func:`split_record` is kept, not
+    synthesised again, unless ``force``.
     """
     import multiprocessing as mp
 
     import polars as pl
 
     ctx = mp.get_context("spawn")
+    digest = fortunes_sha256()
     for spec in cfg.splits:
         if splits and spec.name not in splits:
             continue
+        record = split_record(cfg, spec, digest)
+        if not force and split_is_current(out, record):
+            print(f"split {spec.name}: complete with the same seed and spec, kept", file=sys.stderr)
+            continue
+        record_path(out, spec.name).unlink(missing_ok=True)  # stale until the part is rewritten
         proc = ctx.Process(target=_generate_split, args=(out, cfg, spec))
         proc.start()
         proc.join()
         if proc.exitcode != 0:
             raise RuntimeError(f"split {spec.name}: generation failed (exit {proc.exitcode})")
+        _write_record(out, record)
     wanted = [s.name for s in cfg.splits if not splits or s.name in splits]
     parts = [out / "parts" / f"{s.name}.parquet" for s in cfg.splits]
     missing = [str(p) for p in parts if not p.is_file() and p.stem in wanted]
@@ -479,6 +535,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="test_new's text source: the brotli sdist, its lcet10.txt or a folder "
                     "holding either (default: $KVSIM_HELDOUT_TEXT, else "
                     "~/.cache/kvsim/minivox/brotli-1.2.1.tar.gz)")
+    ap.add_argument("--force", action="store_true",
+                    help="synthesise every split again, even one complete with the same seed "
+                    "and spec (the default keeps it)")
     ap.add_argument("--sidecars-only", action="store_true",
                     help="only (re)write the .txt / .words.json sidecars from the manifest")
     args = ap.parse_args(argv)
@@ -501,7 +560,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote sidecars for {n} clips")
         return
     try:
-        path = generate(args.out, cfg, args.splits)
+        path = generate(args.out, cfg, args.splits, force=args.force)
     except RuntimeError as exc:  # a split's process failed; its own traceback is above
         raise SystemExit(f"kvsim.minivox.data: error: {exc}") from None
     print(f"wrote {path}")

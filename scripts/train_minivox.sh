@@ -19,7 +19,8 @@
 #                     needs kvsim[whisper-base]; its stage-1 and run folders go under
 #                     DATA/encoder-base/, its features under DATA/enc_cache_base/)
 # Needs: espeak-ng, libespeak-ng1, fortunes, fortunes-min, wordnet-base, fortune-anarchism.
-# Cost (measured on the 2-core machines that trained the shipped lineage): data about 20 min,
+# Cost (measured on the 2-core machines that trained the shipped lineage): data about 20 min
+# (seconds on a re-run: complete splits are kept),
 # encoder caches about 25 min, stage 1 about 36 min, stage 2 about 404 min of wall time (with
 # AMX bf16, two processes), stage 3 about 367 min of step time (one float32 process on one
 # core: runL 81, runM 48, runS 158, runW 80) plus model loading per 7-minute segment: about

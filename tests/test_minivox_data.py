@@ -192,3 +192,41 @@ def test_longform_pool_windows_do_not_overlap():
     assert end("train_longform", TRAIN_RATES[1]) < splits["train_longform_fast"].start
     assert end("train_longform_fast", FAST_LONGFORM_RATES[1]) < splits["train_longform_2"].start
     assert end("train_longform_2", TRAIN_RATES[1]) < 1.0
+
+
+def test_a_complete_split_with_the_same_record_is_kept_and_any_change_regenerates(
+        tmp_path, capsys):
+    """Re-running the generator keeps a split that is complete with the same seed and spec
+    (the recipe re-runs its data step on every start) and synthesises it again when the seed,
+    the spec or an audio file changed, when its record is missing (an interrupted run, or a
+    corpus from before records), or when forced."""
+    import polars as pl
+
+    from kvsim.minivox.data import FORTUNE_DIR, SplitSpec, generate, record_path
+
+    _tts()
+    if not FORTUNE_DIR.is_dir():
+        pytest.skip(f"{FORTUNE_DIR} not installed")
+
+    def run(seed=0, n=2, force=False):
+        cfg = DataConfig(seed=seed, splits=[SplitSpec("dev", n, 3.0, 5.0)])
+        capsys.readouterr()
+        df = pl.read_parquet(generate(tmp_path, cfg, force=force))
+        kept = "dev: complete with the same seed and spec, kept" in capsys.readouterr().err
+        return kept, df
+
+    first = tmp_path / "audio" / "dev" / "dev-00000.flac"
+    kept, df0 = run()
+    assert not kept and record_path(tmp_path, "dev").is_file()
+    stamp = first.stat().st_mtime_ns
+    kept, df = run()
+    assert kept and df.equals(df0) and first.stat().st_mtime_ns == stamp
+    assert not run(force=True)[0]
+    kept, df1 = run(seed=1)
+    assert not kept and df1["text"][0] != df0["text"][0]
+    assert not run(seed=1, n=3)[0]
+    first.unlink()
+    assert not run(seed=1, n=3)[0] and first.is_file()
+    record_path(tmp_path, "dev").unlink()
+    assert not run(seed=1, n=3)[0]
+    assert run(seed=1, n=3)[0]
