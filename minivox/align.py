@@ -42,7 +42,7 @@ from kvsim.wer import corpus_wer, normalize
 
 from .data import read_manifest
 from .modeling import DEFAULT_ENCODER, WHISPER_ENCODERS
-from .train import encoder_cache, encoder_cache_dir, encoder_cache_file
+from .train import encoder_cache, encoder_cache_dir, encoder_cache_file, warn_if_bf16_slow
 
 FRAMES_PER_TOKEN = 4
 TOKENS_PER_S = 12.5
@@ -145,7 +145,7 @@ class AlignConfig:
     init: Path | None = None  #: start from these projector weights
     stop_step: int | None = None  #: stop after this step (the lr schedule still spans epochs)
     threads: int = 1
-    bf16: bool = True  #: bf16 autocast (emulated, ~50x slower, on CPUs without bf16 units)
+    bf16: bool = True  #: bf16 autocast (slower than float32 on CPUs without AMX)
     encoder: str = DEFAULT_ENCODER  #: the Whisper encoder (minivox.modeling.WHISPER_ENCODERS)
     train_splits: str = "train,train_long"  #: comma-separated
 
@@ -171,7 +171,7 @@ def parse_args(argv: list[str] | None = None) -> AlignConfig:
     ap.add_argument("--threads", type=int, default=d.threads)
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=d.bf16,
                     help="bf16 autocast of the projector and head (default on, as the shipped "
-                         "run; use --no-bf16 on a CPU without bf16 matrix units)")
+                         "run; use --no-bf16 on a CPU without AMX, where it is slower)")
     ap.add_argument("--encoder", choices=sorted(WHISPER_ENCODERS), default=d.encoder,
                     help="the Whisper encoder the projector reads (default tiny.en, the shipped "
                          "model's; base: a pilot, its features cached in enc_cache_base/)")
@@ -317,6 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    warn_if_bf16_slow(cfg.bf16)
 
     from transformers import AutoTokenizer
 

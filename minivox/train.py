@@ -663,12 +663,22 @@ def check_training_options(cfg: TrainConfig) -> None:
         raise ValueError(f"--encoder {cfg.encoder!r}: one of {', '.join(WHISPER_ENCODERS)}")
 
 
-def warn_if_bf16_emulated(cfg: TrainConfig) -> None:
-    """Print a warning when ``cfg.bf16`` asks for bf16 autocast on a CPU without bf16 units."""
-    if cfg.bf16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        print("warning: this CPU has no bf16 matrix units; bf16 autocast is emulated (a bf16 "
-              "matmul measured ~50x slower than fp32 on an AVX2 CPU): consider --no-bf16",
-              flush=True)
+def bf16_beats_fp32() -> bool:
+    """Whether bf16 autocast is faster than float32 on this CPU: with AMX tiles (``amx_bf16``)
+    only. Without them oneDNN's bf16 matmuls are emulated (AVX2: ~50x slower) or run on
+    AVX512-BF16 dot products, still slower than float32 (``benchmarks/bf16_matmul.py``)."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)  # torch >= 2.7
+    if capabilities is None:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return bool(capabilities().get("amx_bf16", False))
+
+
+def warn_if_bf16_slow(bf16: bool) -> None:
+    """Print a warning when a run asks for bf16 autocast (``bf16``) on a CPU where it is
+    slower than float32 (:func:`bf16_beats_fp32`)."""
+    if bf16 and not bf16_beats_fp32():
+        print("warning: this CPU has no AMX bf16 units, so bf16 autocast is slower than float32 "
+              "here (benchmarks/bf16_matmul.py measures it): consider --no-bf16", flush=True)
 
 
 @dataclass
@@ -724,7 +734,7 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     world, rank = data_parallel()
     lead = rank == 0  # writes the log, checkpoints and exports
     if lead:
-        warn_if_bf16_emulated(cfg)
+        warn_if_bf16_slow(cfg.bf16)
     run.mkdir(parents=True, exist_ok=True)
     if lead:
         (run / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
