@@ -38,7 +38,13 @@ import numpy as np
 
 from kvsim.trace.atomic import atomic_file
 
-from .extra_text import EXTRA_FORTUNE_FILES, WORDNET_DIR, load_extra_texts, missing_sources
+from .extra_text import (
+    EXTRA_FORTUNE_FILES,
+    WORDNET_DIR,
+    WORDNET_FILES,
+    load_extra_texts,
+    missing_sources,
+)
 from .heldout_text import load_heldout_pool, read_source
 
 FORTUNE_DIR = Path("/usr/share/games/fortunes")
@@ -397,18 +403,34 @@ def missing_inputs(cfg: DataConfig, splits: list[str] | None = None,
     return problems
 
 
-def split_record(cfg: DataConfig, spec: SplitSpec, fortunes_digest: str) -> dict:
+def split_record(cfg: DataConfig, spec: SplitSpec, sources: dict[str, str]) -> dict:
     """What a split's clips are a function of: the seed, the split's spec, the held-out shares
-    (they decide which fortunes each split reads), the held-out text source and a digest of
-    the cleaned fortunes (a changed ``fortunes`` package changes every split)."""
+    (they decide which fortunes each split reads), the held-out text source and the digests
+    of the text files it reads (:func:`source_digests`: an upgraded package changes them)."""
     return {"format": 1, "seed": cfg.seed, "spec": asdict(spec),
             "heldout_share": cfg.heldout_share, "heldout_text": cfg.heldout_text,
-            "fortunes_sha256": fortunes_digest}
+            "sources": sources}
 
 
-def fortunes_sha256(root: Path = FORTUNE_DIR) -> str:
-    """Digest of :func:`load_fortunes`' texts, in order."""
-    return hashlib.sha256("\n".join(load_fortunes(root)).encode()).hexdigest()
+def files_sha256(paths: list[Path]) -> str:
+    """One digest of the names and bytes of ``paths``, in the order given."""
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def source_digests(spec: SplitSpec, fortune_root: Path = FORTUNE_DIR,
+                   wordnet_root: Path = WORDNET_DIR) -> dict[str, str]:
+    """Digests of the installed text files ``spec``'s clips read: the fortune databases (every
+    split: they decide which texts each split gets) and, for the pools that add WordNet's
+    sentences (``extra``, and ``prose``, kept disjoint from them), WordNet's data files. The
+    held-out prose source is checked against its own SHA-256 when read."""
+    fortunes = sorted(f for f in fortune_root.iterdir() if f.is_file())
+    out = {"fortunes": files_sha256(fortunes)}
+    if spec.pool in ("extra", "prose"):
+        out["wordnet"] = files_sha256([wordnet_root / name for name in WORDNET_FILES])
+    return out
 
 
 def record_path(out: Path, split: str) -> Path:
@@ -458,11 +480,10 @@ def generate(out: Path, cfg: DataConfig, splits: list[str] | None = None,
     import polars as pl
 
     ctx = mp.get_context("spawn")
-    digest = fortunes_sha256()
     for spec in cfg.splits:
         if splits and spec.name not in splits:
             continue
-        record = split_record(cfg, spec, digest)
+        record = split_record(cfg, spec, source_digests(spec))
         if not force and split_is_current(out, record):
             print(f"split {spec.name}: complete with the same seed and spec, kept", file=sys.stderr)
             continue

@@ -195,7 +195,7 @@ def test_longform_pool_windows_do_not_overlap():
 
 
 def test_a_complete_split_with_the_same_record_is_kept_and_any_change_regenerates(
-        tmp_path, capsys):
+        tmp_path, capsys, monkeypatch):
     """Re-running the generator keeps a split that is complete with the same seed and spec
     (the recipe re-runs its data step on every start) and synthesises it again when the seed,
     the spec or an audio file changed, when its record is missing (an interrupted run, or a
@@ -230,3 +230,30 @@ def test_a_complete_split_with_the_same_record_is_kept_and_any_change_regenerate
     record_path(tmp_path, "dev").unlink()
     assert not run(seed=1, n=3)[0]
     assert run(seed=1, n=3)[0]
+    # an upgraded text package: other source digests, the split made again
+    import kvsim.minivox.data as data
+
+    real = data.source_digests
+    monkeypatch.setattr(data, "source_digests", lambda spec: {**real(spec), "fortunes": "x"})
+    assert not run(seed=1, n=3)[0]
+
+
+def test_source_digests_follow_the_bytes_of_the_files_each_pool_reads(tmp_path):
+    from kvsim.minivox.data import SplitSpec, source_digests
+    from kvsim.minivox.extra_text import WORDNET_FILES
+
+    fortunes, wordnet = tmp_path / "fortunes", tmp_path / "wordnet"
+    fortunes.mkdir()
+    wordnet.mkdir()
+    (fortunes / "art").write_text("a\n%\nb\n")
+    (fortunes / "art.dat").write_bytes(b"\x00\x01")
+    for name in WORDNET_FILES:
+        (wordnet / name).write_text(name)
+    plain, extra = SplitSpec("dev", 2, 3.0, 5.0), SplitSpec("w", 2, 3.0, 5.0, pool="extra")
+    first = {s.name: source_digests(s, fortunes, wordnet) for s in (plain, extra)}
+    assert set(first["dev"]) == {"fortunes"} and set(first["w"]) == {"fortunes", "wordnet"}
+    (wordnet / WORDNET_FILES[-1]).write_text("changed")
+    assert source_digests(plain, fortunes, wordnet) == first["dev"]
+    assert source_digests(extra, fortunes, wordnet)["wordnet"] != first["w"]["wordnet"]
+    (fortunes / "art.dat").write_bytes(b"\x00\x02")
+    assert source_digests(plain, fortunes, wordnet)["fortunes"] != first["dev"]["fortunes"]
