@@ -405,11 +405,14 @@ def missing_inputs(cfg: DataConfig, splits: list[str] | None = None,
 
 def split_record(cfg: DataConfig, spec: SplitSpec, sources: dict[str, str]) -> dict:
     """What a split's clips are a function of: the seed, the split's spec, the held-out shares
-    (they decide which fortunes each split reads), the held-out text source and the digests
-    of the text files it reads (:func:`source_digests`: an upgraded package changes them)."""
+    (they decide which fortunes each split reads), the held-out text source, the digests of
+    the text files it reads (:func:`source_digests`: an upgraded package changes them) and
+    libespeak-ng's version (its voices and rules make the audio)."""
+    from .espeak import espeak_version
+
     return {"format": 1, "seed": cfg.seed, "spec": asdict(spec),
             "heldout_share": cfg.heldout_share, "heldout_text": cfg.heldout_text,
-            "sources": sources}
+            "sources": sources, "espeak": espeak_version()}
 
 
 def files_sha256(paths: list[Path]) -> str:

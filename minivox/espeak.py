@@ -71,6 +71,15 @@ def load_library() -> ctypes.CDLL:
         raise RuntimeError(ESPEAK_MISSING) from exc
 
 
+def espeak_version() -> str:
+    """libespeak-ng's version (``espeak_Info``), e.g. ``"1.51"``: its voices and rules, hence
+    the audio of every clip, change with it."""
+    lib = load_library()
+    lib.espeak_Info.restype = ctypes.c_char_p
+    lib.espeak_Info.argtypes = [ctypes.c_void_p]
+    return lib.espeak_Info(None).decode()
+
+
 class ESpeak:
     """A single-process handle on libespeak-ng (the library is global state: one per process)."""
 

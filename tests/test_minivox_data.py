@@ -236,6 +236,13 @@ def test_a_complete_split_with_the_same_record_is_kept_and_any_change_regenerate
     real = data.source_digests
     monkeypatch.setattr(data, "source_digests", lambda spec: {**real(spec), "fortunes": "x"})
     assert not run(seed=1, n=3)[0]
+    monkeypatch.setattr(data, "source_digests", real)  # the record holds "x": made again
+    assert not run(seed=1, n=3)[0] and run(seed=1, n=3)[0]
+    # another libespeak-ng: other audio, the split made again
+    import kvsim.minivox.espeak as espeak
+
+    monkeypatch.setattr(espeak, "espeak_version", lambda: "0.0-other")
+    assert not run(seed=1, n=3)[0]
 
 
 def test_source_digests_follow_the_bytes_of_the_files_each_pool_reads(tmp_path):
