@@ -13,7 +13,7 @@
 # and resumes from DATA/runN/last.pt, so the script can be interrupted and re-run: finished
 # phases are skipped. Environment:
 #   PYTHON=python     the interpreter with kvsim installed
-#   BF16=--no-bf16    on CPUs without bf16 matrix units (the trainer warns on one)
+#   BF16=--no-bf16    on CPUs without AMX, where bf16 is slower (the trainer warns on one)
 #   DRY_RUN=1         print the commands instead of running them
 #   ENCODER=tiny.en   the Whisper encoder (tiny.en: the shipped model's; base: Whisper base's,
 #                     needs kvsim[whisper-base]; its stage-1 and run folders go under
