@@ -667,7 +667,7 @@ def bf16_beats_fp32() -> bool:
     """Whether bf16 autocast is faster than float32 on this CPU: with AMX tiles (``amx_bf16``)
     only. Without them oneDNN's bf16 matmuls are emulated (AVX2: ~50x slower) or run on
     AVX512-BF16 dot products, still slower than float32 (``benchmarks/bf16_matmul.py``)."""
-    capabilities = getattr(torch.cpu, "get_capabilities", None)  # torch >= 2.7
+    capabilities = getattr(torch.cpu, "get_capabilities", None)  # absent in older torch
     if capabilities is None:
         return torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return bool(capabilities().get("amx_bf16", False))
