@@ -417,10 +417,10 @@ def split_record(cfg: DataConfig, spec: SplitSpec, sources: dict[str, str]) -> d
 
 def files_sha256(paths: list[Path]) -> str:
     """One digest of the names and bytes of ``paths``, in the order given."""
-    h = hashlib.sha256()
-    for path in paths:
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
+    from kvsim.trace.writer import sha256_file
+
+    lines = "".join(f"{path.name}={sha256_file(path)}\n" for path in paths)
+    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def source_digests(spec: SplitSpec, fortune_root: Path = FORTUNE_DIR,
