@@ -403,16 +403,16 @@ def missing_inputs(cfg: DataConfig, splits: list[str] | None = None,
     return problems
 
 
-def split_record(cfg: DataConfig, spec: SplitSpec, sources: dict[str, str]) -> dict:
+def split_record(cfg: DataConfig, spec: SplitSpec, sources: dict[str, str],
+                 espeak: str) -> dict:
     """What a split's clips are a function of: the seed, the split's spec, the held-out shares
     (they decide which fortunes each split reads), the held-out text source, the digests of
     the text files it reads (:func:`source_digests`: an upgraded package changes them) and
-    libespeak-ng's version (its voices and rules make the audio)."""
-    from .espeak import espeak_version
-
+    libespeak-ng's version ``espeak`` (:func:`~.espeak.espeak_version`: its voices and rules
+    make the audio)."""
     return {"format": 1, "seed": cfg.seed, "spec": asdict(spec),
             "heldout_share": cfg.heldout_share, "heldout_text": cfg.heldout_text,
-            "sources": sources, "espeak": espeak_version()}
+            "sources": sources, "espeak": espeak}
 
 
 def files_sha256(paths: list[Path]) -> str:
@@ -482,11 +482,17 @@ def generate(out: Path, cfg: DataConfig, splits: list[str] | None = None,
 
     import polars as pl
 
+    from .espeak import espeak_version
+
     ctx = mp.get_context("spawn")
+    espeak = espeak_version()
+    sources_by_pool: dict[str, dict[str, str]] = {}  # the same files for every split of a pool
     for spec in cfg.splits:
         if splits and spec.name not in splits:
             continue
-        record = split_record(cfg, spec, source_digests(spec))
+        if spec.pool not in sources_by_pool:
+            sources_by_pool[spec.pool] = source_digests(spec)
+        record = split_record(cfg, spec, sources_by_pool[spec.pool], espeak)
         if not force and split_is_current(out, record):
             print(f"split {spec.name}: complete with the same seed and spec, kept", file=sys.stderr)
             continue
