@@ -4,13 +4,23 @@
 # Steps: environment record, copy sweep + per-call overhead + decoder-layer decode vs KV
 # length (kvsim calibrate-hw --quick), eager-decode host cost on the GPU (hostprobe on cuda),
 # then the simulator with the fitted preset vs the shipped one.
+# On a machine where kvsim is not installed (the device tool's GPU image), carry py3.12
+# manylinux wheels in .whl/ of polars==2.1.0, polars-runtime-32==2.1.0, simpy==4.1.2 and kvsim
+# itself (`pip wheel --no-deps -w .whl .`): they are installed under /tmp/site.
 set -uo pipefail
 OUT="${OUT:-runs/calibrate}"
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
-  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+  if [ -x .venv/bin/python ]; then PY=$PWD/.venv/bin/python; else PY=python3; fi
 fi
+if compgen -G ".whl/*.whl" > /dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+# run outside the source tree: its ./kvsim would hide the installed package's subpackages
+cd "$OUT"
 export OMP_NUM_THREADS=1
 BASE="${BASE:-h200}"
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/log.txt"; }
@@ -20,7 +30,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.l
 if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   log "torch has no CUDA here: $($PY -c 'import torch; print(torch.__version__)' 2>&1)"; exit 3
 fi
-$PY -c "import simpy, polars, typer" 2>/dev/null || $PY -m pip install -q simpy polars typer rich pyarrow 2>&1 | tail -2
+$PY -c "import simpy, polars, typer, kvsim.sim" || { log "missing packages (see the header)"; exit 3; }
 
 log "1/3 calibrate-hw --quick (copy sweep 4 KiB-1 GiB, overheads, layer decode vs 3 KV lengths)"
 timeout 240 $PY -m kvsim calibrate-hw --quick --base "$BASE" --model voxtral-mini-3b \

@@ -13,7 +13,9 @@
 # Preparation on the CPU machine (the GPU image lacks some packages; see
 # the GPU machine's instructions): py3.12 manylinux wheels of polars==2.1.0 and
 # polars-runtime-32==2.1.0 in .whl/ (the image has torch, transformers 5.17, numpy, rich, typer,
-# sacrebleu, safetensors; the bench needs nothing else), run with carry [".whl"]:
+# sacrebleu, safetensors; the bench needs nothing else), and kvsim itself as a wheel
+# (`pip wheel --no-deps -w .whl .`: its subpackages live in top-level folders, so the source
+# tree alone does not import), run with carry [".whl"]:
 #   bash benchmarks/gpu_live.sh
 # DEVICE=cpu SMALL=1 runs the same script on the CPU (dry run, minutes on 1 thread).
 set -uo pipefail
@@ -23,12 +25,16 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
 DEVICE=${DEVICE:-cuda}
 OUTDIR=${OUT:-/tmp/gpu_live}
 mkdir -p "$OUTDIR"
+# run outside the source tree: its ./kvsim would hide the installed package's subpackages
+cd "$OUTDIR"
+python3 -c "import kvsim.live" || { echo "kvsim is not installed here (see Preparation)"; exit 3; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
 if [ "${SMALL:-0}" = 1 ]; then SECS="20"; STEPS=8; DT=float32; else SECS="120 600"; STEPS=128; DT=bfloat16; fi
+# AUDIO_SECONDS="120" (or "" for the exactness check alone) overrides the audio lengths
+if [ -n "${AUDIO_SECONDS+x}" ]; then SECS=$AUDIO_SECONDS; fi
 T0=$(date +%s)
 for s in $SECS; do
   timeout 200 python3 -m kvsim.live.bench --device "$DEVICE" --dtype "$DT" --seconds "$s" \

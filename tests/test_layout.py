@@ -112,3 +112,21 @@ def test_no_cycles_between_rooms(edges) -> None:
     for room in sorted(graph):
         if room not in state:
             visit(room, [room])
+
+
+def test_every_source_folder_installs_as_a_listed_package():
+    """A wheel holds only the packages pyproject.toml lists: every folder with Python modules
+    must be a package (``__init__.py``) and be listed, or ``pip install .`` gives a kvsim whose
+    imports fail (as ``kvsim.core`` once did, importing only from the source tree)."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    assert config["package-dir"] == {pkg: folder for folder, pkg in FOLDERS.items()}
+    folders = {p.parent for folder in FOLDERS for p in (ROOT / folder).rglob("*.py")
+               if "__pycache__" not in p.parts}
+    missing_init = sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").exists())
+    assert not missing_init, f"folders without __init__.py: {missing_init}"
+    packages = {_module_name(f / "__init__.py") for f in folders}
+    assert packages == listed, (f"not listed: {sorted(packages - listed)}; "
+                                f"listed without a folder: {sorted(listed - packages)}")
