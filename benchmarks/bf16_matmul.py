@@ -13,13 +13,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvsim.minivox.train import bf16_beats_fp32  # noqa: E402
 

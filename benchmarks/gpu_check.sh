@@ -7,21 +7,28 @@
 #
 # Preparation on the CPU machine (the GPU image lacks these packages; see
 # the GPU machine's instructions): download py3.12 manylinux wheels into .whl/ for
-#   polars soundfile mistral-common pydantic pydantic-core pydantic-extra-types pycountry soxr
-#   jsonschema referencing rpds-py jsonschema-specifications annotated-types typing-inspection
-# and run with carry [".whl"]:  bash benchmarks/gpu_check.sh
+#   polars polars-runtime-32 soundfile cffi pycparser soxr
+#   (and for Voxtral: mistral-common pydantic pydantic-core pydantic-extra-types pycountry
+#   jsonschema referencing rpds-py jsonschema-specifications annotated-types typing-inspection)
+# with kvsim itself (`pip wheel --no-deps -w .whl .`), and run with carry [".whl"]:
+#   bash benchmarks/gpu_check.sh
 # DEVICE=cpu runs the same checks on the CPU (dry run of this script).
 # Voxtral is skipped (and said so) when mistral-common cannot be imported there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+REPO=$PWD
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
+# the test fixtures (tiny checkpoints) from the source tree, after the installed kvsim
+export PYTHONPATH=${PYTHONPATH:-}:$REPO
 OUTDIR=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUTDIR"
+# run outside the source tree: its ./kvsim would hide the installed package's subpackages
+cd "$OUTDIR"
+python3 -c "import kvsim.tracer" || { echo "kvsim is not installed here (see Preparation)"; exit 3; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python3 - <<'PY' 2>&1 | tee "$OUTDIR/gpu_check.log"
 import math, os, sys, tempfile, time
@@ -102,5 +109,5 @@ print(f"[qwen-omni processor] {note}: {n35} audio tokens for 35 s (expect 875); 
 ok &= abs(n35 - 875) <= 1 and same
 print("EXACTNESS", "PASS" if ok else "FAIL")
 PY
-python3 benchmarks/trace_overhead.py --device "${DEVICE:-cuda}" --dtype bfloat16 --repeats 5 2>&1 \
+python3 "$REPO/benchmarks/trace_overhead.py" --device "${DEVICE:-cuda}" --dtype bfloat16 --repeats 5 2>&1 \
   | grep -v -E "Loading|Writing" | tee "$OUTDIR/overhead.log"

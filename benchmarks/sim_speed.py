@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvsim.sim import AnalyticPolicy, analytic_workload, model_preset, simulate_workload  # noqa: E402
 

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def child(audio: str, model: str, new_tokens: int, buffered: bool) -> None:

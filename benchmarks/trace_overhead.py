@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the test fixtures (tiny checkpoints) from the source tree; kvsim itself from the install
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
