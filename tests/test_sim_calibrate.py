@@ -156,3 +156,40 @@ def test_cli_unwritable_out_is_refused_before_fitting(tmp_path, case):
     (line,) = r.output.strip().splitlines()
     assert line.startswith(f"error: --out {out}: "), r.output
     assert (tmp_path / "afile").read_text() == "x"
+
+
+class _FakeDevice:
+    """A fake GPU: a call costs the host ``cost_us``, the first one ``first_us`` more (a
+    kernel's module loaded on its first launch); beyond ``depth`` pending calls each call
+    waits ``wait_us`` for a queue slot. Time runs on a fake clock."""
+
+    def __init__(self, cost_us=1.0, first_us=0.0, depth=10**9, wait_us=20.0):
+        self.cost_us, self.first_us, self.depth, self.wait_us = cost_us, first_us, depth, wait_us
+        self.now_us, self.pending, self.calls, self.syncs = 0.0, 0, 0, 0
+
+    def call(self) -> None:
+        self.pending += 1
+        self.calls += 1
+        self.now_us += self.wait_us if self.pending > self.depth else self.cost_us
+        self.now_us += self.first_us if self.calls == 1 else 0.0
+
+    def sync(self) -> None:
+        self.pending, self.syncs = 0, self.syncs + 1
+
+    def clock(self) -> float:
+        return self.now_us / 1e6
+
+
+@pytest.mark.parametrize("device", [
+    dict(first_us=30_000.0),        # a one-off cost in the first call
+    dict(depth=100, wait_us=20.0),  # a launch queue that fills
+])
+def test_host_cost_per_call_leaves_out_one_off_and_queueing_costs(device):
+    from kvsim.sim.calibrate import host_us_per_call
+
+    dev = _FakeDevice(**device)
+    assert host_us_per_call(dev.call, dev.sync, calls=2000, burst=64, clock=dev.clock) == pytest.approx(1.0)
+    assert dev.syncs == 2000 // 64 + 1 and dev.calls == 2000 // 64 * 64
+    # the single timed loop the first calibration used reads several times the cost
+    dev = _FakeDevice(**device)
+    assert host_us_per_call(dev.call, dev.sync, calls=2000, burst=2000, clock=dev.clock) > 15.0
