@@ -26,6 +26,7 @@ fi
 export PYTHONPATH=${PYTHONPATH:-}:$REPO
 OUTDIR=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
 # run outside the source tree: its ./kvsim would hide the installed package's subpackages
 cd "$OUTDIR"
 python3 -c "import kvsim.tracer" || { echo "kvsim is not installed here (see Preparation)"; exit 3; }

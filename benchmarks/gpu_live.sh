@@ -28,6 +28,7 @@ fi
 DEVICE=${DEVICE:-cuda}
 OUTDIR=${OUT:-/tmp/gpu_live}
 mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
 # run outside the source tree: its ./kvsim would hide the installed package's subpackages
 cd "$OUTDIR"
 python3 -c "import kvsim.live" || { echo "kvsim is not installed here (see Preparation)"; exit 3; }
