@@ -8,19 +8,13 @@
 # manylinux wheels in .whl/ of polars==2.1.0, polars-runtime-32==2.1.0, simpy==4.1.2 and kvsim
 # itself (`pip wheel --no-deps -w .whl .`): they are installed under /tmp/site.
 set -uo pipefail
-OUT="${OUT:-runs/calibrate}"
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
 PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ]; then PY=$PWD/.venv/bin/python; else PY=python3; fi
 fi
-if compgen -G ".whl/*.whl" > /dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
-# run outside the source tree: its ./kvsim would hide the installed package's subpackages
-cd "$OUT"
+. "$(dirname "$0")/_device_env.sh"
+device_env "$PY" "${OUT:-runs/calibrate}" kvsim.sim || exit 3
+OUT=$OUTDIR
 export OMP_NUM_THREADS=1
 BASE="${BASE:-h200}"
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/log.txt"; }

@@ -18,18 +18,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
+. benchmarks/_device_env.sh
+device_env python3 "${OUT:-/tmp/gpu_check}" kvsim.tracer || exit 3
 # the test fixtures (tiny checkpoints) from the source tree, after the installed kvsim
 export PYTHONPATH=${PYTHONPATH:-}:$REPO
-OUTDIR=${OUT:-/tmp/gpu_check}
-mkdir -p "$OUTDIR"
-OUTDIR=$(cd "$OUTDIR" && pwd)
-# run outside the source tree: its ./kvsim would hide the installed package's subpackages
-cd "$OUTDIR"
-python3 -c "import kvsim.tracer" || { echo "kvsim is not installed here (see Preparation)"; exit 3; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python3 - <<'PY' 2>&1 | tee "$OUTDIR/gpu_check.log"
 import math, os, sys, tempfile, time

@@ -21,17 +21,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
+. benchmarks/_device_env.sh
+device_env python3 "${OUT:-/tmp/gpu_live}" kvsim.live || exit 3
 DEVICE=${DEVICE:-cuda}
-OUTDIR=${OUT:-/tmp/gpu_live}
-mkdir -p "$OUTDIR"
-OUTDIR=$(cd "$OUTDIR" && pwd)
-# run outside the source tree: its ./kvsim would hide the installed package's subpackages
-cd "$OUTDIR"
-python3 -c "import kvsim.live" || { echo "kvsim is not installed here (see Preparation)"; exit 3; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
 if [ "${SMALL:-0}" = 1 ]; then SECS="20"; STEPS=8; DT=float32; else SECS="120 600"; STEPS=128; DT=bfloat16; fi
 # AUDIO_SECONDS="120" (or "" for the exactness check alone) overrides the audio lengths
