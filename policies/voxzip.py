@@ -247,8 +247,8 @@ class VoxZip(Policy):
         self._capacity = self._budget * ctx.heads.n_heads_total
         return np.where(keep, TIER_GPU, TIER_GONE)
 
-    def update_scores(self, step_attention: list[np.ndarray] | np.ndarray,
-                      n_generated: int = 0) -> np.ndarray:
+    def update_scores(self, step_attention: list[np.ndarray] | np.ndarray, *,
+                      n_generated: int) -> np.ndarray:
         """Apply one decode step of the recurrence (per layer (H_q, T_a) attention) and the
         eviction rule of the scope on the resident set (``n_generated``: generated tokens now
         in the cache); returns the (possibly unchanged) keep mask."""

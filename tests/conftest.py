@@ -13,6 +13,12 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+from hypothesis import Phase, settings  # noqa: E402
+
+# scripts/mutation_test.sh runs the tests with --hypothesis-profile=mutation: a mutant that fails
+# a property test is caught by its first failing example, and shrinking that example on a
+# loaded machine can outlast mutmut's time limit (a "timeout" where the mutant was killed)
+settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate])
 
 #: the repository's top-level rooms and the names they install as (pyproject.toml)
 _ROOMS = {"kvsim.policies": "policies", "kvsim.tracer": "tracer", "kvsim.live": "live",

@@ -234,6 +234,10 @@ def test_other_baseline_defaults() -> None:
         ("arkvale", {"sparse_read": 1}, "arkvale: sparse_read must be True or False, got 1"),
         ("voxzip", {"gamma": 0.0}, r"voxzip: gamma must be in \(0, 1\], got 0.0"),
         ("voxzip", {"scoring": "q"}, "voxzip: scoring must be one of"),
+        ("voxzip", {"scope": "all"}, "voxzip: scope must be one of"),
+        ("voxzip", {"n_sink": -1}, "voxzip: n_sink must be >= 0, got -1"),
+        ("voxzip", {"recent_fraction": 1.5}, r"voxzip: recent_fraction must be in \[0, 1\], got 1.5"),
+        ("voxzip", {"recent_fraction": -0.1}, r"voxzip: recent_fraction must be in \[0, 1\], got -0.1"),
         ("random", {"salt": 0.5}, "random: salt must be an integer, got 0.5"),
         ("wnw", {"n_voice": "30"}, "wnw: n_voice must be an integer or None, got '30'"),
     ],
@@ -246,6 +250,12 @@ def test_bad_hyperparameters_are_one_line_errors(name: str, params: dict, msg: s
 def test_every_policy_accepts_its_own_defaults() -> None:
     for name in available():
         make(name, 0.2)  # the checks never refuse a default
+
+
+def test_voxzip_accepts_the_edges_of_its_ranges() -> None:
+    """No sinks, no recent window, or a window of the whole budget are valid settings."""
+    for params in ({"n_sink": 0}, {"recent_fraction": 0.0}, {"recent_fraction": 1.0}):
+        make("voxzip", 0.2, **params)
 
 
 def test_range_helpers_reject_nan_inf_and_bool() -> None:

@@ -21,7 +21,7 @@ from kvsim.policies.voxzip import (
 from kvsim.replay.engine import PolicySpec, ReplayConfig, replay_trace
 from kvsim.synth import SynthConfig, synthesize
 from kvsim.trace import Trace, write_trace
-from tests._zoo_a_views import FakePrefillView, make_ctx, random_prefill
+from tests._zoo_a_views import FakePrefillView, FakeStepView, make_ctx, random_prefill
 
 
 def test_decay_recurrence_hand_case() -> None:
@@ -77,16 +77,91 @@ def test_tiny_budget_gives_sinks_first() -> None:
     assert keep[0].tolist() == [True] * 3 + [False] * 17
 
 
-def test_decode_rule_never_grows_and_respects_residency() -> None:
+@pytest.mark.parametrize("scope", ["audio", "generation"])
+def test_decode_rule_never_brings_back_an_evicted_token(scope) -> None:
+    """The decode rule chooses among the resident tokens only (GONE is absorbing), however
+    much attention an evicted position draws."""
     ctx = make_ctx(1, 2, 1, 60)
-    pol = make("voxzip", 0.25, scope="audio")
+    pol = make("voxzip", 0.25, scope=scope)
     pol.prefill(ctx, random_prefill(ctx))
     before = pol._keep.copy()
-    att = np.zeros((2, 60))
-    att[:, 30] = 1.0  # a position that may already be gone
-    after = pol.update_scores([att])
-    assert (after <= before).all() and after.sum() == before.sum()
-    assert pol.scores_[0, 0, 30] >= 2.0 * 1.0 - 1e-9  # group sum added to the decayed score
+    gone = int(np.flatnonzero(~before[0, 0])[len(np.flatnonzero(~before[0, 0])) // 2])
+    att = np.zeros((1, 2, 60))
+    att[..., gone] = 1.0  # every query's whole attention on an evicted position
+    after = pol.update_scores(att, n_generated=1)
+    assert not after[0, 0, gone]
+    assert (after <= before).all()
+    assert after.sum() == before.sum() - (scope == "generation")  # one evicted per step
+    assert pol.scores_[0, 0, gone] >= 2.0 * 1.0 - 1e-9  # group sum added to the decayed score
+
+
+def test_update_scores_refuses_attention_of_another_width() -> None:
+    ctx = make_ctx(1, 2, 1, 50)
+    pol = make("voxzip", 0.3)
+    pol.prefill(ctx, random_prefill(ctx))
+    with pytest.raises(ValueError, match="attention has 49 positions, the score 50"):
+        pol.update_scores(np.zeros((1, 2, 49)), n_generated=1)
+
+
+def test_recent_window_never_takes_the_sinks_share() -> None:
+    """M = floor(fraction · b), capped by what the T sinks leave of the budget."""
+    from kvsim.policies.voxzip import recent_count
+
+    assert recent_count(30, 4, 0.2) == 6
+    assert recent_count(10, 4, 0.8) == 6 and recent_count(10, 4, 1.0) == 6
+    assert recent_count(3, 4, 1.0) == 0  # the sinks take the whole budget
+    keep = sink_recent_topn(np.zeros((1, 40)), 10, 4, 1.0)
+    assert np.flatnonzero(keep[0]).tolist() == [0, 1, 2, 3, *range(34, 40)]
+
+
+def test_partition_of_no_rows_is_empty() -> None:
+    from kvsim.policies.voxzip import partition_keep
+
+    assert partition_keep(np.zeros((0, 6)), 1, 1, 3).shape == (0, 6)
+
+
+def test_layer_scoring_is_the_sum_of_the_per_head_scores() -> None:
+    """The recurrence is linear, so the layer's one vector is the sum of its KV-heads' vectors
+    (a constant vector, or one KV-head's, would not be)."""
+    ctx = make_ctx(2, 6, 3, 40)
+    view = random_prefill(ctx, seed=4)
+    head, layer = make("voxzip", 0.3), make("voxzip", 0.3, scoring="layer")
+    head.prefill(ctx, view)
+    layer.prefill(ctx, view)
+    want = np.broadcast_to(head.scores_.sum(axis=1, keepdims=True), head.scores_.shape)
+    np.testing.assert_allclose(layer.scores_, want, rtol=1e-6)
+
+
+def test_decode_step_reads_every_layer_from_any_step_view() -> None:
+    """A step view that is not the driver's one-buffer view is read layer by layer (here
+    L = 3 layers, H_kv = 2): the same scores as the update from the stacked array."""
+    ctx = make_ctx(3, 4, 2, 40)
+    view = random_prefill(ctx)
+    att = np.random.default_rng(2).dirichlet(np.ones(40), size=(3, 4)).astype(np.float32)
+    a, b = make("voxzip", 0.5), make("voxzip", 0.5)
+    a.prefill(ctx, view)
+    b.prefill(ctx, view)
+    step = FakeStepView(0, att)
+    tiers = a.decode_step(step)
+    assert step.read == [0, 1, 2]
+    keep = b.update_scores(att, n_generated=1)
+    np.testing.assert_array_equal(a.scores_, b.scores_)
+    np.testing.assert_array_equal(tiers == Tier.GPU, keep)
+
+
+def test_voxzip_variants_in_one_pass_keep_their_own_scores(tmp_path) -> None:
+    """The prefill score is shared across the runs of one pass only between runs with the same
+    γ and scoring: each variant replays in company as it replays alone."""
+    data = synthesize(SynthConfig(preset="tiny", audio_seconds=8.0, decode_steps=6, seed=5,
+                                  store_values=False))
+    trace = Trace(write_trace(tmp_path / "t.kvtrace", data))
+    specs = [PolicySpec("voxzip", 0.2, {}), PolicySpec("voxzip", 0.2, {"gamma": 0.5}),
+             PolicySpec("voxzip", 0.2, {"scoring": "layer"})]
+    together = replay_trace(trace, specs, ReplayConfig(record_tiers=True))
+    for spec, run in zip(specs, together, strict=True):
+        (alone,) = replay_trace(trace, [spec], ReplayConfig(record_tiers=True))
+        for got, want in zip(run.tiers, alone.tiers, strict=True):
+            np.testing.assert_array_equal(got, want)
 
 
 # ----------------------------------------------------------------------------- scopes

@@ -1,8 +1,8 @@
 """The read window (kvsim.decoding.read_window): position, mask, attention calls, generation.
 
 Mutation testing (mutmut 3.8.1 on kvsim/decoding/, with this file, tests/test_cycle_ban.py and
-tests/test_live_decoding_options.py, in a staging copy as scripts/mutation_test.sh makes, with
-[tool.mutmut] pointed at kvsim/decoding/; 2026-12-05): 389 mutants, all killed or timed out but two
+tests/test_live_decoding_options.py: ``bash scripts/mutation_test.sh --target decoding``;
+2026-12-05): 389 mutants, all killed or timed out but two
 equivalent ones (``torch.full`` of a bool without ``dtype=torch.bool`` is bool anyway) and
 ``register_read_window`` registering ``None`` for the context variable, which fails
 test_a_window_wider_than_the_audio_decodes_exactly_as_plain_greedy in a fresh process (mutmut's
