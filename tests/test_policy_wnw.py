@@ -289,19 +289,22 @@ def test_cap_pressure_releases_lagging_segments_before_refusing_a_recall() -> No
 @pytest.mark.parametrize(
     ("params", "msg"),
     [
-        ({"n_voice": "30"}, "n_voice must be an integer"),
-        ({"top_k": 1.5}, "top_k must be an integer"),
-        ({"lam": "big"}, "lam must be a number"),
-        ({"stride_seconds": 5.0}, r"stride_seconds must be in \(0, 4\], got 5.0"),
-        ({"triage_signal": "xx"}, "triage_signal must be one of"),
-        ({"prefill_selection": "top"}, "prefill_selection must be one of"),
-        ({"delta": 0}, "delta must be >= 1, got 0"),
-        ({"top_k": 0}, "top_k must be >= 1, got 0"),
-        ({"n_anchor": -1}, "n_anchor must be >= 0, got -1"),
-        ({"lam": -0.5}, "lam must be >= 0, got -0.5"),
-        ({"min_per_segment": -1}, "min_per_segment must be >= 0"),
-        ({"budget_mode": "prefill"}, "budget_mode must be one of"),
-        ({"chunk_seconds": 0.0}, "chunk_seconds must be > 0"),
+        ({"n_voice": "30"}, "wnw: n_voice must be an integer"),
+        ({"n_voice": -1}, "wnw: n_voice must be >= 0, got -1"),
+        ({"top_k": 1.5}, "wnw: top_k must be an integer"),
+        ({"lam": "big"}, "wnw: lam must be a number"),
+        ({"stride_seconds": 5.0}, r"wnw: stride_seconds must be in \(0, 4\], got 5.0"),
+        ({"stride_seconds": 0.0}, r"wnw: stride_seconds must be in \(0, 4\], got 0.0"),
+        ({"triage_signal": "xx"}, "wnw: triage_signal must be one of"),
+        ({"prefill_selection": "top"}, "wnw: prefill_selection must be one of"),
+        ({"delta": 0}, "wnw: delta must be >= 1, got 0"),
+        ({"top_k": 0}, "wnw: top_k must be >= 1, got 0"),
+        ({"n_anchor": -1}, "wnw: n_anchor must be >= 0, got -1"),
+        ({"lam": -0.5}, "wnw: lam must be >= 0, got -0.5"),
+        ({"min_per_segment": -1}, "wnw: min_per_segment must be >= 0"),
+        ({"budget_mode": "prefill"}, "wnw: budget_mode must be one of"),
+        ({"chunk_seconds": 0.0}, "wnw: chunk_seconds must be > 0"),
+        ({"reserve_segments": -1}, "wnw: reserve_segments must be >= 0, got -1"),
     ],
 )
 def test_bad_hyperparameters_give_one_line_errors(params: dict, msg: str) -> None:
@@ -309,6 +312,10 @@ def test_bad_hyperparameters_give_one_line_errors(params: dict, msg: str) -> Non
         make("wnw", 0.2, **params)
 
 
+def test_range_edges_are_accepted() -> None:
+    for params in ({"reserve_segments": 0}, {"n_voice": 0}, {"n_anchor": 0}, {"lam": 0.0},
+                   {"min_per_segment": 0}, {"stride_seconds": 4.0}):
+        make("wnw", 0.2, **params)
 
 
 # ----------------------------------------------------------------------------- §3.4 accounting

@@ -177,3 +177,83 @@ def test_lambda_solves_when_every_non_anchor_head_has_zero_importance() -> None:
     res = solve_lambda(s, roles, seg_len, 60, 0, 0)
     assert res.prefill_gpu == 50 and np.isfinite(res.lam)
     assert np.isfinite(fit_lambda_mean([(s, roles, seg_len)], 0.4, 0))
+
+
+# ----------------------------------------------------------------------------- second mutmut run
+def test_segment_layout_checks_its_arguments() -> None:
+    """Segments are ceil(stride · tokens/s) tokens, at least one; the rate is positive and
+    the stride in (0, chunk]."""
+    with pytest.raises(ValueError, match="audio_tokens_per_s must be > 0, got 0"):
+        SegmentLayout.from_seconds(100, 0.0, 4.0, 2.0)
+    with pytest.raises(ValueError, match=r"need 0 < stride_seconds <= chunk_seconds, got 0.0, 4.0"):
+        SegmentLayout.from_seconds(100, 12.5, 4.0, 0.0)
+    slow = SegmentLayout.from_seconds(100, 0.5, 4.0, 2.0)  # one token per stride
+    assert (slow.n_s, slow.n_c) == (1, 2)
+    assert SegmentLayout.from_seconds(100, 12.5, 4.0, 0.5).n_s == 7  # a stride under a second
+    assert SegmentLayout.from_seconds(100, 12.5, 4.0, 4.0).n_s == 50  # stride = chunk
+
+
+def test_normalised_importance_divides_by_the_maximum() -> None:
+    np.testing.assert_array_equal(normalised_importance(np.array([[2.0, 1.0], [0.5, 0.0]])),
+                                  [[1.0, 0.5], [0.25, 0.0]])
+    np.testing.assert_array_equal(normalised_importance(np.zeros((2, 3))), np.ones((2, 3)))
+    assert normalised_importance(np.zeros((0,))).shape == (0,)
+
+
+def test_quotas_and_roles_are_integer_arrays() -> None:
+    from kvsim.policies._wnw_layout import kept_per_segment
+
+    quota = kept_per_segment(np.array([0.5, 0.26]), np.array([25, 10]), 0)
+    assert quota.dtype == np.int64 and quota.tolist() == [[12, 5], [6, 2]]
+    assert triage(VS4, 3, 1).dtype == np.int8
+
+
+def test_triage_breaks_ties_towards_the_lower_head_index() -> None:
+    """Equal importance (common: heads a calibration never saw get 0) is ranked by (layer, head)
+    index, on any machine: a stable sort, whatever NumPy's default sort does with ties."""
+    importance = (np.arange(64) % 3 == 0).astype(float).reshape(8, 8)  # 22 ones, 42 zeros
+    roles = triage(importance, n_voice=30, n_anchor=5).ravel()
+    ones, zeros = np.flatnonzero(importance.ravel()), np.flatnonzero(importance.ravel() == 0)
+    assert np.flatnonzero(roles == ANCHOR).tolist() == ones[:5].tolist()
+    assert np.flatnonzero(roles != 0).tolist() == sorted([*ones, *zeros[:8]])
+
+
+def test_tied_chunks_recall_the_earliest() -> None:
+    """Chunk scores that tie exactly select the earliest chunks, on any machine (a stable
+    sort). Every fourth segment draws the attention, so the 10 chunks touching one of them
+    tie; the top 3 are chunks 0, 3 and 4 (segments 0, 1, 3, 4, 5)."""
+    ctx = make_ctx(2, 4, 2, 500, voice_score=VS4)  # 20 segments of 25, 19 chunks
+    pol = make("wnw", 0.6, n_voice=3, n_anchor=1, top_k=3, lam=0.5)
+    pol.prefill(ctx, random_prefill(ctx))
+    assert pol.last_scores_ is None  # nothing scored before the first step
+    att = np.zeros((2, 4, 500))
+    att[..., (np.arange(500) // 25) % 4 == 0] = 1.0
+    tiers = pol.decode_step(FakeStepView(0, att))
+    assert np.flatnonzero(pol.resident_segments_).tolist() == [0, 1, 3, 4, 5]
+    tidal = pol.roles_ == 1
+    assert tiers is not None and (tiers[tidal][:, 75:150] == Tier.GPU).all()
+
+
+def test_anchor_scores_accumulate_in_float64() -> None:
+    """Eq. (2)'s sum over the anchor q-heads is taken in float64: a float32 sum of 1 and 1e-8
+    would round to 1."""
+    ctx = make_ctx(voice_score=VS4)
+    pol = make("wnw", 0.6, n_voice=3, n_anchor=1)
+    _quiet_prefill(pol, ctx)
+    att = np.zeros((2, 4, 100))
+    att[0, 0], att[0, 1] = 1.0, 1e-8  # the anchor is (layer 0, KV-head 0): q-heads 0 and 1
+    view = FakeStepView(0, att)
+    want = att[0, 0].astype(np.float32).astype(np.float64) + att[0, 1].astype(np.float32).astype(np.float64)
+    np.testing.assert_array_equal(pol.anchor_scores(view), want)
+    assert (pol.anchor_scores(view) > 1.0).all()
+
+
+def test_step_attention_is_read_from_the_anchor_layers_only() -> None:
+    """Eq. (2) sums the anchor heads' attention, so the driver computes step attention for
+    their layers and no other."""
+    two_layers = np.array([[1.0, 0.1], [0.9, 0.2]])  # anchors (0, 0) and (1, 0)
+    for vs, n_anchor, layers in ((VS4, 1, [0]), (two_layers, 2, [0, 1])):
+        ctx = make_ctx(voice_score=vs)
+        pol = make("wnw", 0.6, n_voice=3, n_anchor=n_anchor)
+        _quiet_prefill(pol, ctx)
+        assert pol.step_attention_layers() == layers
