@@ -8,8 +8,9 @@
 # given, go to `mutmut run`. Scores and the surviving mutants: docs/fidelity.md.
 #
 # mutmut names a mutant after its file path, while the tests import it under its installed
-# name (policies/wnw.py is kvsim.policies.wnw), so it runs in a staging copy of the tracked
-# files in which policies/ sits at kvsim/policies/; results stay in that copy (.mutation/).
+# name (policies/wnw.py is kvsim.policies.wnw), so it runs in a staging copy of the working
+# tree (tracked files and new ones git does not ignore) in which policies/ sits at
+# kvsim/policies/; results stay in that copy (.mutation/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -18,7 +19,7 @@ if [ "${1:-}" = "--target" ]; then target=${2:?--target needs a name}; shift 2; 
 stage=${MUTATION_DIR:-.mutation}
 rm -rf "$stage"
 mkdir -p "$stage"
-git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$stage"
+git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$stage"
 mv "$stage/policies" "$stage/kvsim/policies"
 "$root/.venv/bin/python" scripts/mutation_config.py "$target" "$stage/pyproject.toml"
 cd "$stage"
