@@ -85,7 +85,8 @@ def test_decode_rule_never_brings_back_an_evicted_token(scope) -> None:
     pol = make("voxzip", 0.25, scope=scope)
     pol.prefill(ctx, random_prefill(ctx))
     before = pol._keep.copy()
-    gone = int(np.flatnonzero(~before[0, 0])[len(np.flatnonzero(~before[0, 0])) // 2])
+    evicted = np.flatnonzero(~before[0, 0])
+    gone = int(evicted[len(evicted) // 2])
     att = np.zeros((1, 2, 60))
     att[..., gone] = 1.0  # every query's whole attention on an evicted position
     after = pol.update_scores(att, n_generated=1)
