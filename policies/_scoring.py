@@ -8,17 +8,14 @@ from scipy.ndimage import maximum_filter1d, uniform_filter1d
 from kvsim.policies.base import PolicyContext, PrefillView, descending_ranks, kv_group_sum, shared
 
 
-def window_scores(
-    ctx: PolicyContext, view: PrefillView, window: int | None = None, reduce: str = "sum"
-) -> np.ndarray:
+def window_scores(ctx: PolicyContext, view: PrefillView, window: int | None = None) -> np.ndarray:
     """Observation-window attention mass per audio position, per KV-head.
 
     Sums the full-model attention of the last ``window`` observation queries (all when None)
     over the window and the GQA group (SnapKV §3, "voting"). Shape (L, H_kv, T_a), float64.
-    ``reduce='mean'`` averages over the GQA group instead of summing.
 
     The result is read-only: a view with a ``memo`` (the replay engine's, shared by every
-    policy of a run) computes it once per ``(window, reduce)``; copy it before changing it.
+    policy of a run) computes it once per ``window``; copy it before changing it.
     """
     n_window = view.n_window
     if window is None or window > n_window:
@@ -31,11 +28,11 @@ def window_scores(
             # no reference to a layer's attention outlives its line: the view frees it before
             # computing the next layer
             per_q = window_mass(view.audio_attention(layer), window)  # (H_q, T_a)
-            out[layer] = kv_group_sum(per_q, g) / (g if reduce == "mean" else 1)
+            out[layer] = kv_group_sum(per_q, g)
         out.flags.writeable = False
         return out
 
-    return shared(view, ("window_scores", window, reduce), compute)
+    return shared(view, ("window_scores", window), compute)
 
 
 def window_mass(att: np.ndarray, window: int) -> np.ndarray:
