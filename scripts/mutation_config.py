@@ -11,9 +11,14 @@ import tomllib
 from pathlib import Path
 
 
+def load_targets(pyproject: Path) -> dict[str, dict]:
+    """Every mutation target of ``pyproject``: name -> ``source``, ``mutate``, ``tests``."""
+    return tomllib.loads(pyproject.read_text())["tool"]["kvsim"]["mutation"]
+
+
 def target_lines(pyproject: Path, name: str) -> str:
     """The ``source_paths``, ``only_mutate`` and test-selection lines of target ``name``."""
-    targets = tomllib.loads(pyproject.read_text())["tool"]["kvsim"]["mutation"]
+    targets = load_targets(pyproject)
     if name not in targets:
         raise SystemExit(f"{pyproject}: [tool.kvsim.mutation] has no target {name!r} "
                          f"(known: {', '.join(sorted(targets))})")

@@ -29,7 +29,7 @@ def _in_checkout(path: str) -> str:
     return path
 
 
-TARGETS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["kvsim"]["mutation"]
+TARGETS = _config().load_targets(ROOT / "pyproject.toml")
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))

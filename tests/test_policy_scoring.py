@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from kvsim.policies._scoring import pool_scores, pooled_window_scores, window_scores
 from kvsim.policies.adakv import AdaKV
 from kvsim.policies.base import PolicyContext, PrefillView, Tier, topk_mask
 from kvsim.policies.pyramidkv import PyramidKV
@@ -127,32 +128,33 @@ def test_flat_allocations_of_snapkv_subclasses_are_snapkv(budget: float) -> None
     assert not np.array_equal(steep, snap)
 
 
+def _view(att: np.ndarray) -> FakePrefill:
+    """A prefill view over hand-made (L, H_q, W, T_a) attention (keys unused here)."""
+    n_layers, _, _, n_audio = att.shape
+    return FakePrefill(att.astype(np.float32), np.zeros((n_layers, 1, n_audio, 8), np.float32))
+
+
 def test_snapkv_votes_with_its_last_window_queries_only() -> None:
     """SnapKV's observation window is the last ``window`` prompt queries: earlier rows of the
     view do not vote, and ``score`` is the pooled attention they give (not its ranks)."""
-    from tests._zoo_a_views import FakePrefillView, make_ctx
-
-    ctx = make_ctx(1, 2, 1, 40)
+    ctx = make_ctx(n_layers=1, n_q_heads=2, n_kv_heads=1, n_audio=40)
     att = np.zeros((1, 2, 5, 40))
     att[:, :, :3, 0:5] = 1.0  # the first three window queries look at positions 0-4
     att[:, :, 3:, 30:35] = 1.0  # the last two at 30-34
     pol = SnapKV(budget=0.125, window=2, kernel=1)  # 5 tokens per head
-    tiers = pol.prefill(ctx, FakePrefillView(att))
+    tiers = pol.prefill(ctx, _view(att))
     assert np.flatnonzero(tiers[0, 0] == Tier.GPU).tolist() == [30, 31, 32, 33, 34]
-    score = pol.score(ctx, FakePrefillView(att))
+    score = pol.score(ctx, _view(att))
     assert (score[0, 0, 30:35] > 0).all() and (score[0, 0, :30] == 0).all()
 
 
 def test_window_scores_sum_in_float64_and_are_read_only() -> None:
     """The window and GQA sums are float64 (a float32 sum of 1 and 1e-8 is 1); the shared
     result cannot be changed by the policy that reads it."""
-    from kvsim.policies._scoring import pooled_window_scores, window_scores
-    from tests._zoo_a_views import FakePrefillView, make_ctx
-
-    ctx = make_ctx(1, 2, 1, 6)
+    ctx = make_ctx(n_layers=1, n_q_heads=2, n_kv_heads=1, n_audio=6)
     att = np.zeros((1, 2, 2, 6))
     att[0, 0, :, 3], att[0, 1, :, 3] = 1.0, 1e-8
-    view = FakePrefillView(att)
+    view = _view(att)
     one = np.float64(np.float32(1.0)) * 2 + np.float64(np.float32(1e-8)) * 2
     assert window_scores(ctx, view)[0, 0, 3] == one
     for arr in (window_scores(ctx, view), *pooled_window_scores(ctx, view, None, 3, "max")):
@@ -163,8 +165,6 @@ def test_window_scores_sum_in_float64_and_are_read_only() -> None:
 def test_pooling_runs_along_positions_with_edge_replication(kind) -> None:
     """A centred window along the last axis of an (L, H, T) array, the edges padded with the
     end value (``mode="nearest"``); kernel 2 already pools."""
-    from kvsim.policies._scoring import pool_scores
-
     x = np.zeros((2, 3, 8))
     x[1, 2] = [6.0, 0, 0, 0, 0, 0, 0, 3.0]
     got = pool_scores(x, 5, kind)
@@ -181,10 +181,8 @@ def test_pooling_runs_along_positions_with_edge_replication(kind) -> None:
 @pytest.mark.parametrize("kind", ["avg", "max"])
 def test_snapkv_score_is_the_pooled_window_score(kind) -> None:
     from kvsim.policies._scoring import pool_scores, window_scores
-    from tests._zoo_a_views import make_ctx, random_prefill
-
-    ctx = make_ctx(2, 4, 2, 30)
-    view = random_prefill(ctx)
+    ctx = make_ctx(n_layers=2, n_q_heads=4, n_kv_heads=2, n_audio=30)
+    view = _prefill(ctx)
     got = SnapKV(budget=0.3, kernel=5, pooling=kind).score(ctx, view)
     np.testing.assert_array_equal(got, pool_scores(window_scores(ctx, view), 5, kind))
 
@@ -192,10 +190,8 @@ def test_snapkv_score_is_the_pooled_window_score(kind) -> None:
 def test_a_scoring_policy_with_bad_scores_or_ranks_gets_one_line_errors() -> None:
     """What a user's ScoringPolicy returns is checked: shape, real numbers without NaN, and
     the shape of overridden ranks; the capacity is known only after prefill."""
-    from tests._zoo_a_views import make_ctx, random_prefill
-
-    ctx = make_ctx(1, 2, 1, 10)
-    view = random_prefill(ctx)
+    ctx = make_ctx(n_layers=1, n_q_heads=2, n_kv_heads=1, n_audio=10)
+    view = _prefill(ctx)
     pol = _Given(budget=0.5, scores=np.zeros((1, 1, 10)))
     assert pol.gpu_capacity() is None
     pol.prefill(ctx, view)
@@ -219,9 +215,6 @@ def test_a_scoring_policy_with_bad_scores_or_ranks_gets_one_line_errors() -> Non
 def test_a_scoring_policy_scores_from_its_context_and_view_in_integers_or_floats() -> None:
     """The default ranks pass the context and the view to score(); integer scores are real
     numbers too."""
-    from kvsim.policies._scoring import window_scores
-    from tests._zoo_a_views import make_ctx, random_prefill
-
     @dataclass
     class _Window(ScoringPolicy):
         name = "_window"
@@ -229,8 +222,8 @@ def test_a_scoring_policy_scores_from_its_context_and_view_in_integers_or_floats
         def score(self, ctx, view):
             return window_scores(ctx, view)
 
-    ctx = make_ctx(2, 4, 2, 30)
-    view = random_prefill(ctx)
+    ctx = make_ctx(n_layers=2, n_q_heads=4, n_kv_heads=2, n_audio=30)
+    view = _prefill(ctx)
     tiers = _Window(budget=0.2).prefill(ctx, view)
     np.testing.assert_array_equal(tiers == Tier.GPU, topk_mask(window_scores(ctx, view), 6))
     ints = np.arange(30)[::-1].reshape(1, 1, 30).repeat(2, 0).repeat(2, 1)

@@ -14,6 +14,7 @@ import pytest
 
 from kvsim.policies._wnw_layout import (
     ANCHOR,
+    TIDAL,
     SegmentLayout,
     count_prefill_gpu,
     fit_lambda_mean,
@@ -164,7 +165,7 @@ def test_paper_capacity_is_prefill_plus_the_costliest_recallable_segments() -> N
     pol = make("wnw", 0.5, n_voice=3, n_anchor=1, lam=0.6, top_k=1, delta=2,
                prefill_selection="global")
     tiers = pol.prefill(ctx, view)
-    tidal = pol.roles_ == 1
+    tidal = pol.roles_ == TIDAL
     cost = ((tiers == Tier.CPU) & tidal[..., None]).sum(axis=(0, 1)).reshape(16, 25).sum(-1)
     assert len(set(cost.tolist())) > 1  # unequal costs: the order matters
     worst = np.sort(cost)[::-1][: 2 * 1 * 2].sum()  # δ · top_k · segments per chunk
@@ -230,7 +231,7 @@ def test_tied_chunks_recall_the_earliest() -> None:
     att[..., (np.arange(500) // 25) % 4 == 0] = 1.0
     tiers = pol.decode_step(FakeStepView(0, att))
     assert np.flatnonzero(pol.resident_segments_).tolist() == [0, 1, 3, 4, 5]
-    tidal = pol.roles_ == 1
+    tidal = pol.roles_ == TIDAL
     assert tiers is not None and (tiers[tidal][:, 75:150] == Tier.GPU).all()
 
 
