@@ -221,8 +221,9 @@ class ArkVale(Policy):
                     break
                 forced[p] = True
                 used += int(sizes[p])
-        # free slots are sized as full pages, so any choice of pages fits the token budget
-        n_free = min((tokens - used) // self.page_size, npg - int(forced.sum()))
+        # free slots are sized as full pages, so any choice of pages fits the token budget;
+        # there are that many free pages: their sizes sum to T_a - used >= tokens - used
+        n_free = (tokens - used) // self.page_size
         return int(forced.sum()) + n_free, forced
 
     # ----------------------------------------------------------------------------- decode

@@ -10,7 +10,8 @@
 # mutmut names a mutant after its file path, while the tests import it under its installed
 # name (policies/wnw.py is kvsim.policies.wnw), so it runs in a staging copy of the working
 # tree (tracked files and new ones git does not ignore) in which policies/ sits at
-# kvsim/policies/; results stay in that copy (.mutation/).
+# kvsim/policies/; results stay in that copy (.mutation/, or MUTATION_DIR=.mutation_NAME to keep
+# two targets' results side by side: .gitignore ignores .mutation*/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

@@ -85,7 +85,7 @@ def test_select_device_reads_and_leaves_the_tiers_select_does(params) -> None:
     the tiers are those of the host ``select`` (checked: the page scores are far apart
     compared with their rounding, so both kernels rank them alike)."""
     rng = np.random.default_rng(3)
-    ctx = make_ctx(n_layers=2, n_q_heads=4, n_kv_heads=2, head_dim=16, n_audio=320, seed=3)
+    ctx = make_ctx(n_layers=2, n_q_heads=4, n_kv_heads=2, head_dim=16, n_audio=310, seed=3)
     prefill = random_prefill(ctx, seed=3)
     host, device = (make("arkvale", 0.4, **params) for _ in range(2))
     host.prefill(ctx, prefill)
@@ -127,3 +127,15 @@ def test_device_group_reduction_and_top_pages_edges_match_numpy() -> None:
         got = pt.top_pages(scores, k)
         assert got.dtype == torch.bool and got.shape == scores.shape
         assert (got.numpy() == top_pages(values[0], k)).all()
+
+
+def test_select_device_computes_on_the_query_s_device() -> None:
+    """The page boxes, the resident pages and the positions read live on the query's device
+    (here PyTorch's shape-only ``meta`` device, which refuses to mix with host tensors)."""
+    ctx = make_ctx(n_layers=2, n_q_heads=4, n_kv_heads=2, head_dim=16, n_audio=310, seed=3)
+    prefill = random_prefill(ctx, seed=3)
+    pol = make("arkvale", 0.4)
+    pol.prefill(ctx, prefill)
+    for layer in range(2):
+        read = pol.select_device(layer, torch.empty((4, 16), device="meta"), prefill.keys[layer])
+        assert read.device.type == "meta" and read.shape == (2, 310) and read.dtype == torch.bool
