@@ -16,10 +16,10 @@ Reading under the audio-only scope (WnW §3.3; written down because the paper do
   (the prompt text after the audio; H2O uses every prompt query, we have those) put on each
   audio position, summed over the GQA group, and grows at every decode step by the attention
   the compressed model paid (``StepView.audio_attention``, zero on evicted positions);
-* after every step the policy enforces ``<= B`` resident positions per head by evicting the
-  lowest-score non-recent positions (GONE). The audio span does not grow during decoding, so
-  with the prefill selection already at ``B`` this rule does not fire in replay; the scores are
-  kept (``scores``) and the bound is re-checked every step.
+* H2O evicts when a new token takes the cache over budget. The audio span does not grow
+  during decoding (generated tokens are outside it and always resident) and the prefill
+  selection holds ``B`` positions per head, so no audio position is evicted after prefill:
+  ``decode_step`` accumulates the scores (``scores``) and leaves the tiers as they are.
 """
 
 from __future__ import annotations
@@ -86,11 +86,8 @@ class H2O(Policy):
         heavy = topk_mask(
             np.where(self._recent, -np.inf, self.scores), self._head_budget - n_recent
         )
-        self._tiers = np.where(heavy | self._recent, TIER_GPU, TIER_GONE)
         self._capacity = self._head_budget * ctx.heads.n_heads_total
-        #: resident positions per (layer, KV-head); the tiers change only in ``_evict``
-        self._n_resident = (self._tiers == TIER_GPU).sum(axis=-1)
-        return self._tiers.copy()
+        return np.where(heavy | self._recent, TIER_GPU, TIER_GONE)
 
     def decode_step(self, view: StepView) -> np.ndarray | None:
         n_layers, n_kv, n_audio = self.scores.shape
@@ -98,20 +95,7 @@ class H2O(Policy):
         # every layer at once: the float64 GQA-group sum of kv_group_sum, layer by layer
         self.scores += att.reshape(n_layers, n_kv, self._group, n_audio).sum(
             axis=2, dtype=np.float64)
-        if not (self._n_resident > self._head_budget).any():
-            return None
-        self._tiers = self._evict(self._tiers == TIER_GPU)
-        self._n_resident = (self._tiers == TIER_GPU).sum(axis=-1)
-        return self._tiers.copy()
-
-    def _evict(self, resident: np.ndarray) -> np.ndarray:
-        """Keep resident recent positions + the top-score resident others, up to the budget."""
-        recent = resident & self._recent
-        n_heavy = np.maximum(self._head_budget - recent.sum(axis=-1), 0)
-        cand = np.where(resident & ~self._recent, self.scores, -np.inf)
-        heavy = topk_mask(cand, n_heavy) & resident & ~self._recent
-        keep = recent | heavy
-        return np.where(keep, TIER_GPU, TIER_GONE)
+        return None
 
     def gpu_capacity(self) -> int | None:
         return self._capacity
