@@ -94,14 +94,6 @@ def test_pool_scores_averages_by_default() -> None:
 
 
 # ----------------------------------------------------------------------------- shared results
-class _MemoPrefill(FakePrefill):
-    """A prefill view with the memo the replay engine's view shares among a run's policies."""
-
-    def __init__(self, base: FakePrefill) -> None:
-        super().__init__(base.attention, base.keys)
-        self.memo: dict = {}
-
-
 _VARIANTS = [
     ("snapkv", {}), ("snapkv", {"window": 2}), ("snapkv", {"kernel": 3}),
     ("adakv", {}), ("adakv", {"window": 2}), ("adakv", {"kernel": 1}),
@@ -118,11 +110,11 @@ def test_variants_in_one_pass_select_what_they_select_alone() -> None:
     ctx = replace(make_ctx(n_layers=3, n_q_heads=4, n_kv_heads=2, n_audio=90),
                   head_scores=HeadScores(rng.uniform(0.1, 1, (3, 2)), rng.uniform(0.1, 1, (3, 2))))
     base = random_prefill(ctx, n_window=6, seed=1)
-    shared = _MemoPrefill(base)
+    shared = replace(base, memo={})
     for r in (0.1, 0.3):
         together = [make(name, r, **kw).prefill(ctx, shared) for name, kw in _VARIANTS]
         for (name, kw), got in zip(_VARIANTS, together, strict=True):
-            alone = make(name, r, **kw).prefill(ctx, _MemoPrefill(base))
+            alone = make(name, r, **kw).prefill(ctx, replace(base, memo={}))
             np.testing.assert_array_equal(got, alone, err_msg=f"{name} {kw} at r={r}")
     assert len(shared.memo) < 2 * len(_VARIANTS)  # the second budget reused the first's
 

@@ -9,6 +9,8 @@ that share a geometry, and runs of different geometries never share them.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -251,14 +253,6 @@ _SPECS = [("arkvale", r, {}) for r in (0.2, 0.5, 0.8)] + [
 _GEOMETRIES = 4 + 3  # distinct (policy, page_size, group_reduce, share_heads)
 
 
-class _MemoPrefill(FakePrefill):
-    """A prefill view with the memo the replay engine's view has."""
-
-    def __init__(self, base: FakePrefill) -> None:
-        super().__init__(base.attention, base.keys)
-        self.memo: dict = {}
-
-
 def _count_calls(monkeypatch, owner, name: str) -> list[int]:
     calls: list[int] = []
     original = getattr(owner, name)
@@ -280,12 +274,12 @@ def test_runs_share_bounds_per_geometry_and_only_within_it(monkeypatch, all_laye
     prefill_calls = _count_calls(monkeypatch, arkvale_module, "last_query_page_max")
     together = [make(n, r, **kw) for n, r, kw in _SPECS]
     alone = [make(n, r, **kw) for n, r, kw in _SPECS]
-    shared_prefill = _MemoPrefill(base)
+    shared_prefill = replace(base, memo={})
     for pol in together:
         pol.prefill(ctx, shared_prefill)
     assert len(prefill_calls) == 4 * ctx.heads.n_layers  # ArkVale's 4 geometries, per layer
     for pol in alone:
-        pol.prefill(ctx, _MemoPrefill(base))
+        pol.prefill(ctx, replace(base, memo={}))
     bound_calls = _count_calls(monkeypatch, LayerPageBoxes if all_layers else PageBoxes,
                                "upper_bound")
     rng = np.random.default_rng(4)

@@ -36,6 +36,9 @@ def make_ctx(
 class FakePrefill:
     attention: np.ndarray  #: (L, H_q, W, T_a)
     keys: np.ndarray  #: (L, H_kv, T_a, D)
+    #: results shared by the policies prefilled on this view, as the replay engine's view
+    #: shares them among the runs of a pass (``kvsim.core.views.shared``); None: no sharing
+    memo: dict | None = None
 
     @property
     def n_window(self) -> int:
