@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from zoo_fakes import FakePrefill, make_ctx, random_prefill
+from zoo_fakes import make_ctx, random_prefill, split_window_prefill
 
 from kvsim.core.shapes import HeadScores
 from kvsim.policies import MissingCalibrationError, Tier, make
@@ -58,18 +58,10 @@ def test_audiokv_without_head_scores_names_itself() -> None:
 
 
 # ----------------------------------------------------------------------------- observation window
-def _split_view(n_audio: int = 40) -> FakePrefill:
-    """Five window queries: the first three look at positions 0-4, the last two at 30-34."""
-    att = np.zeros((1, 2, 5, n_audio), dtype=np.float32)
-    att[:, :, :3, 0:5] = 1.0
-    att[:, :, 3:, 30:35] = 1.0
-    return FakePrefill(att, np.zeros((1, 1, n_audio, 8), np.float32))
-
-
 def test_h2o_seeds_its_scores_with_its_last_window_queries() -> None:
     ctx = make_ctx(n_layers=1, n_q_heads=2, n_kv_heads=1, n_audio=40)
     pol = make("h2o", 0.125, window=2, recent_fraction=0.0)  # 5 heavy hitters per head
-    tiers = pol.prefill(ctx, _split_view())
+    tiers = pol.prefill(ctx, split_window_prefill())
     assert (pol.scores[0, 0, :30] == 0).all() and (pol.scores[0, 0, 30:35] == 4.0).all()
     assert np.flatnonzero(tiers[0, 0] == Tier.GPU).tolist() == [30, 31, 32, 33, 34]
 
@@ -78,7 +70,7 @@ def test_audiokv_scores_its_last_window_queries() -> None:
     ctx = replace(make_ctx(n_layers=1, n_q_heads=2, n_kv_heads=1, n_audio=40),
                   head_scores=HeadScores(np.ones((1, 1)), np.ones((1, 1))))
     pol = make("audiokv", 0.125, window=2, alpha=0.0)  # alpha 0: the raw window score
-    score = pol.score(ctx, _split_view())
+    score = pol.score(ctx, split_window_prefill())
     assert (score[0, 0, :30] == 0).all() and (score[0, 0, 30:35] == 4.0).all()
 
 

@@ -10,6 +10,7 @@ that share a geometry, and runs of different geometries never share them.
 from __future__ import annotations
 
 from dataclasses import replace
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -253,42 +254,33 @@ _SPECS = [("arkvale", r, {}) for r in (0.2, 0.5, 0.8)] + [
 _GEOMETRIES = 4 + 3  # distinct (policy, page_size, group_reduce, share_heads)
 
 
-def _count_calls(monkeypatch, owner, name: str) -> list[int]:
-    calls: list[int] = []
-    original = getattr(owner, name)
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(owner, name, counted)
-    return calls
+def _spy(owner, name: str):
+    """``owner.name`` still called, its calls counted (``spy.call_count``)."""
+    return mock.patch.object(owner, name, autospec=True, side_effect=getattr(owner, name))
 
 
 @pytest.mark.parametrize("all_layers", [True, False])
-def test_runs_share_bounds_per_geometry_and_only_within_it(monkeypatch, all_layers: bool) -> None:
+def test_runs_share_bounds_per_geometry_and_only_within_it(all_layers: bool) -> None:
     """Runs of one geometry and several budgets compute the page bounds (and ArkVale's prefill
     page scores) once per step; each run selects, in this company, what it selects alone."""
     ctx = make_ctx(n_layers=2, n_q_heads=4, n_kv_heads=2, head_dim=4, n_audio=150)
     base = random_prefill(ctx, seed=3)
-    prefill_calls = _count_calls(monkeypatch, arkvale_module, "last_query_page_max")
     together = [make(n, r, **kw) for n, r, kw in _SPECS]
     alone = [make(n, r, **kw) for n, r, kw in _SPECS]
     shared_prefill = replace(base, memo={})
-    for pol in together:
-        pol.prefill(ctx, shared_prefill)
-    assert len(prefill_calls) == 4 * ctx.heads.n_layers  # ArkVale's 4 geometries, per layer
+    with _spy(arkvale_module, "last_query_page_max") as prefill_spy:
+        for pol in together:
+            pol.prefill(ctx, shared_prefill)
+    assert prefill_spy.call_count == 4 * ctx.heads.n_layers  # ArkVale's 4 geometries, per layer
     for pol in alone:
         pol.prefill(ctx, replace(base, memo={}))
-    bound_calls = _count_calls(monkeypatch, LayerPageBoxes if all_layers else PageBoxes,
-                               "upper_bound")
     rng = np.random.default_rng(4)
     keys = [base.keys[layer] for layer in range(2)]
     for step in range(5):
         queries = rng.normal(size=(2, 4, 4)).astype(np.float32)
-        bound_calls.clear()
-        got = _select_all(together, step, queries, keys, all_layers, shared=True)
-        assert len(bound_calls) == _GEOMETRIES * (1 if all_layers else 2)
+        with _spy(LayerPageBoxes if all_layers else PageBoxes, "upper_bound") as bound_spy:
+            got = _select_all(together, step, queries, keys, all_layers, shared=True)
+        assert bound_spy.call_count == _GEOMETRIES * (1 if all_layers else 2)
         want = _select_all(alone, step, queries, keys, all_layers, shared=False)
         for a, b in zip(got, want, strict=True):
             np.testing.assert_array_equal(a, b)

@@ -18,7 +18,7 @@ from kvsim.policies.pyramidkv import PyramidKV
 from kvsim.policies.scoring import ScoringPolicy
 from kvsim.policies.snapkv import SnapKV
 from kvsim.policies.streaming import StreamingLLM
-from tests.zoo_fakes import FakePrefill, make_ctx
+from tests.zoo_fakes import FakePrefill, make_ctx, split_window_prefill
 
 
 def _prefill(ctx: PolicyContext, seed: int = 0, window: int = 6) -> FakePrefill:
@@ -138,13 +138,10 @@ def test_snapkv_votes_with_its_last_window_queries_only() -> None:
     """SnapKV's observation window is the last ``window`` prompt queries: earlier rows of the
     view do not vote, and ``score`` is the pooled attention they give (not its ranks)."""
     ctx = make_ctx(n_layers=1, n_q_heads=2, n_kv_heads=1, n_audio=40)
-    att = np.zeros((1, 2, 5, 40))
-    att[:, :, :3, 0:5] = 1.0  # the first three window queries look at positions 0-4
-    att[:, :, 3:, 30:35] = 1.0  # the last two at 30-34
     pol = SnapKV(budget=0.125, window=2, kernel=1)  # 5 tokens per head
-    tiers = pol.prefill(ctx, _view(att))
+    tiers = pol.prefill(ctx, split_window_prefill())
     assert np.flatnonzero(tiers[0, 0] == Tier.GPU).tolist() == [30, 31, 32, 33, 34]
-    score = pol.score(ctx, _view(att))
+    score = pol.score(ctx, split_window_prefill())
     assert (score[0, 0, 30:35] > 0).all() and (score[0, 0, :30] == 0).all()
 
 

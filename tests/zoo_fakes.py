@@ -85,6 +85,15 @@ def random_prefill(ctx: PolicyContext, n_window: int = 4, seed: int = 0) -> Fake
     return FakePrefill(att.astype(np.float32), keys.astype(np.float32))
 
 
+def split_window_prefill(n_audio: int = 40) -> FakePrefill:
+    """One layer, two q-heads, five window queries: the first three put their attention on
+    audio positions 0-4, the last two on 30-34 (which queries a policy's ``window`` reads)."""
+    att = np.zeros((1, 2, 5, n_audio), dtype=np.float32)
+    att[:, :, :3, 0:5] = 1.0
+    att[:, :, 3:, 30:35] = 1.0
+    return FakePrefill(att, np.zeros((1, 1, n_audio, 8), np.float32))
+
+
 @dataclass
 class DriveLog:
     tiers: list[np.ndarray] = field(default_factory=list)  #: after prefill, after each step
