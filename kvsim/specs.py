@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from kvsim.commands._options import check_range
+from kvsim.commands._options import check_range, split_items
 from kvsim.policies import registry
 from kvsim.policies.spec import PolicySpec
 
@@ -80,19 +80,6 @@ def parse_budgets(text: str) -> list[float]:
         check_range("-b/--budget", b, 0, 1, low_open=True)
         out.append(b)
     return out
-
-
-def split_items(args: list[str], flag: str, what: str) -> list[str]:
-    """The comma-separated items of an option's values ``args``, stripped. ValueError naming
-    ``flag`` when there is no item at all (``-p ''``, ``-p ,``) or an empty one among others
-    (``-b 0.2,,0.4``: a mistyped list is not read as a shorter one)."""
-    per_arg = [[x.strip() for x in arg.split(",")] for arg in args]
-    if not any(x for items in per_arg for x in items):
-        raise ValueError(f"no {what} given ({flag})")
-    for arg, items in zip(args, per_arg, strict=True):
-        if not all(items):
-            raise ValueError(f"{flag} {arg!r}: empty item (two commas in a row, or one at an end)")
-    return [x for items in per_arg for x in items]
 
 
 def default_trace_dir() -> Path:

@@ -16,6 +16,7 @@ from kvsim.commands._options import (
     ReadWindowOption,
     announce_shipped_calibration,
     calibration_for,
+    option_items,
     parse_decoding_options,
 )
 from kvsim.commands._table import Column, FormatOption, TableFormat, WideOption, print_frame
@@ -149,7 +150,7 @@ def _select_inputs(inputs: list[Path] | None, reference: list[str] | None, datas
     with --task applied; DataError (one line) on a bad selection."""
     from kvsim.live.data import DataError, from_paths, load_dataset, select_ids
 
-    if ids and limit:
+    if ids is not None and limit:
         raise DataError("--ids and --limit both select inputs: give one of them")
     if dataset:
         if reference:
@@ -162,8 +163,8 @@ def _select_inputs(inputs: list[Path] | None, reference: list[str] | None, datas
         if not inputs:
             raise DataError("no inputs: give audio files/folders or --dataset KIND ROOT")
         items = from_paths(inputs, reference)[:limit] if limit else from_paths(inputs, reference)
-    if ids:
-        items = select_ids(items, [i.strip() for i in ids.split(",") if i.strip()])
+    if ids is not None:
+        items = select_ids(items, option_items(ids, "--ids", "input id"))
     if task is not None:
         if task not in ("transcribe", "translate"):
             raise DataError(f"--task {task!r}: transcribe or translate")

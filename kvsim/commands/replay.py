@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from kvsim.commands._errors import err, fail, print_error
+from kvsim.commands._options import option_items
 from kvsim.commands._table import Column, FormatOption, TableFormat, WideOption, print_frame
 from kvsim.specs import default_trace_dir, parse_budgets, parse_policies
 
@@ -248,7 +249,7 @@ def _check_simulate(gpu: str, modes: str, resume: bool) -> None:
         raise ValueError("--resume cannot be combined with --simulate: run `kvsim simulate OUT` afterwards")
     try:
         gpu_preset(gpu)
-        for m in (m.strip() for m in modes.split(",") if m.strip()):
+        for m in option_items(modes, "--sim-mode", "mode"):
             SimMode.parse(m)
     except KeyError as exc:
         raise ValueError(f"--simulate: {exc}") from None
@@ -285,7 +286,7 @@ def _simulate(results: list, out: Path, gpu: str, modes: str, shown: tuple[Table
     from kvsim.sim import simulate_runs
     from kvsim.trace.atomic import atomic_file
 
-    sim = simulate_runs(results, gpu=gpu, modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
+    sim = simulate_runs(results, gpu=gpu, modes=tuple(option_items(modes, "--sim-mode", "mode")))
     with atomic_file(out / "sim_results.parquet") as tmp:
         sim.write_parquet(tmp)
     if "label" not in sim.columns:

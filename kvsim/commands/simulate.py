@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from kvsim.commands._errors import err, fail
+from kvsim.commands._options import option_items
 from kvsim.commands._table import (
     Column,
     FormatOption,
@@ -22,10 +23,6 @@ from kvsim.commands._table import (
     auto_columns,
     print_frame,
 )
-
-
-def _split(values: list[str]) -> list[str]:
-    return [v.strip() for item in values for v in item.split(",") if v.strip()]
 
 
 def _step_logs(path: Path) -> list[tuple[str, Path, Path]]:
@@ -141,9 +138,9 @@ def simulate(
                        anchor_heads=anchor_heads, audio_minutes=audio_minutes, churn=churn,
                        decode_steps=decode_steps, capacity_gib=capacity_gib)
         if table:
-            _documented_table(table, _split(gpu)[0], runtime, model, audio_minutes, out, fmt)
+            _documented_table(table, option_items(gpu, "--gpu", "gpu")[0], runtime, model, audio_minutes, out, fmt)
             return
-        gpus, modes = _split(gpu), _split(mode)
+        gpus, modes = option_items(gpu, "--gpu", "gpu"), option_items(mode, "--mode", "mode")
         for m in modes:
             SimMode.parse(m)
         if runs is not None and policy:

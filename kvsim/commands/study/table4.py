@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from kvsim.commands._options import calibration_for
+from kvsim.commands._options import calibration_for, option_items
 from kvsim.commands.study import (
     DatasetRootOption,
     DeviceOption,
@@ -23,16 +23,12 @@ from kvsim.commands.study import (
 )
 
 
-def _split(values: list[str] | None) -> list[str]:
-    return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
-
-
 def _counts(text: str) -> tuple[int, ...]:
     """``--tidal``: non-negative integers, comma-separated (OptionError names the option)."""
     from kvsim.commands._options import OptionError
 
-    values = _split([text])
-    if not values or not all(v.isdigit() for v in values):
+    values = option_items(text, "--tidal", "tidal-head count")
+    if not all(v.isdigit() for v in values):
         raise OptionError(f"--tidal {text!r}: give non-negative integers, comma-separated")
     return tuple(int(v) for v in values)
 
@@ -74,9 +70,9 @@ def table4(
         cfg = Table4Config(
             dataset_root=dataset_root, split=split, limit=limit, tidal=counts, budget=budget,
             n_anchor=n_anchor, max_new_tokens=max_new_tokens, heads=calibration_for(model, heads),
-            calibration_traces=tuple(Path(p) for p in _split(calibration_traces)),
+            calibration_traces=tuple(Path(p) for p in option_items(calibration_traces, "--calibration-traces", "trace")),
             lambda_fit=lambda_fit,
-            gpus=tuple(_split([gpu])), sim_model=sim_model, runtime=runtime,
+            gpus=tuple(option_items(gpu, "--gpu", "gpu")), sim_model=sim_model, runtime=runtime,
             grid=GridSpec(model=model, device=device, ray=ray))
         if quick:
             for key, value in QUICK.items():

@@ -13,6 +13,7 @@ from kvsim.commands._options import (
     HoldEndOption,
     ReadWindowOption,
     calibration_for,
+    option_items,
 )
 from kvsim.commands.study import (
     DatasetRootOption,
@@ -25,10 +26,6 @@ from kvsim.commands.study import (
     default_out,
     finish,
 )
-
-
-def _split(values: list[str] | None) -> list[str]:
-    return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
 
 
 def table5(
@@ -69,12 +66,14 @@ def table5(
         check_range("--max-seconds", max_seconds, 0, low_open=True)
         cfg = Table5Config(
             dataset_root=dataset_root, split=split, limit=limit,
-            ids=_split([ids]) if ids else None, methods=tuple(_split(policy)) or DEFAULT_METHODS,
+            ids=option_items(ids, "--ids", "clip id") or None,
+            methods=tuple(option_items(policy, "--policy", "policy")) or DEFAULT_METHODS,
             budgets=tuple(parse_budgets(budget)), max_new_tokens=max_new_tokens, max_seconds=max_seconds,
             heads=calibration_for(model, heads),
-            calibration_traces=tuple(Path(p) for p in _split(calibration_traces)),
+            calibration_traces=tuple(Path(p) for p in option_items(calibration_traces, "--calibration-traces", "trace")),
             lambda_fit=lambda_fit,
-            live_runs=tuple(Path(p) for p in _split(live_runs)), runs_only=runs_only,
+            live_runs=tuple(Path(p) for p in option_items(live_runs, "--live-runs", "run folder")),
+            runs_only=runs_only,
             grid=GridSpec(model=model, device=device, ray=ray),
             **parse_decoding_options(read_window, ban_cycles, hold_end))
         if quick:
