@@ -73,3 +73,18 @@ def test_live_rejects_empty_ids(ids, tmp_path):
     res = runner.invoke(app, ["live", str(tmp_path), "--model", "tiny", "--ids", ids, "-o", str(tmp_path / "o")])
     assert res.exit_code == 2 and "--ids" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "o" / "runs.parquet").exists()
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["alignment", "--layers", ","], "no layer given (--layers)"),
+    (["alignment", "--layers", "1,x"], "option --layers: '1,x' is not a comma-separated list of integers"),
+    (["study", "voxzip-decay", "--gamma", ""], "no gamma given (--gamma)"),
+    (["study", "voxzip-decay", "--gamma", "0.9,,0.95"], "--gamma '0.9,,0.95': empty item"),
+])
+def test_number_lists_name_the_option(args, needle, tmp_path):
+    from tests.conftest import make_trace
+
+    make_trace(tmp_path / "t.kvtrace")
+    res = runner.invoke(app, [*args, str(tmp_path / "t.kvtrace"), "-o", str(tmp_path / "o")])
+    assert res.exit_code == 2, res.output
+    assert needle in res.output and "Traceback" not in res.output

@@ -74,7 +74,7 @@ COLUMNS = [("trace", "trace", True), ("layers", "layers (monotonicity)", False),
 def _parse_options(layers: str | None, n_layers: int, smooth: int, min_jump: float) -> list[int] | None:
     """Range-check the options (one line and exit 2 on a bad one); the chosen layers."""
     from kvsim.commands._errors import fail
-    from kvsim.commands._options import OptionError, check_positive_ints, check_range
+    from kvsim.commands._options import OptionError, check_positive_ints, check_range, option_items
 
     try:
         check_positive_ints(n_layers=n_layers, smooth=smooth)
@@ -84,7 +84,9 @@ def _parse_options(layers: str | None, n_layers: int, smooth: int, min_jump: flo
     if layers is None:
         return None
     try:
-        return [int(x) for x in layers.split(",")]
+        return [int(x) for x in option_items(layers, "--layers", "layer")]
+    except OptionError as exc:
+        fail(exc)
     except ValueError:
         fail(f"option --layers: {layers!r} is not a comma-separated list of integers")
 

@@ -73,7 +73,7 @@ def _grid(gamma: str | None, budget: str, quick: bool) -> tuple[list[float], lis
     from kvsim.specs import parse_budgets
     from kvsim.studies.voxzip_decay import PAPER_GAMMAS, QUICK_GAMMAS, decay_specs
 
-    gammas = _gammas(gamma) if gamma else list(QUICK_GAMMAS if quick else PAPER_GAMMAS)
+    gammas = _gammas(gamma) if gamma is not None else list(QUICK_GAMMAS if quick else PAPER_GAMMAS)
     budgets = parse_budgets(budget)
     decay_specs(gammas, budgets)  # a γ out of range fails here, before any work
     return gammas, budgets
@@ -93,8 +93,11 @@ def _live(sweep, gammas: list[float], budgets: list[float]):
 
 def _gammas(text: str) -> list[float]:
     """``"0.9,0.95"`` -> floats (range checked by the policy)."""
+    from kvsim.commands._options import option_items
+
+    items = option_items(text, "--gamma", "gamma")
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        return [float(x) for x in items]
     except ValueError:
         raise ValueError(f"--gamma {text!r}: comma-separated numbers in (0, 1]") from None
 
