@@ -48,15 +48,15 @@ def check_positive_ints(**options: int | None) -> None:
 
 
 def split_items(args: list[str], flag: str, what: str) -> list[str]:
-    """The comma-separated items of an option's values ``args``, stripped. ValueError naming
+    """The comma-separated items of an option's values ``args``, stripped. OptionError naming
     ``flag`` when there is no item at all (``-p ''``, ``-p ,``) or an empty one among others
     (``-b 0.2,,0.4``: a mistyped list is not read as a shorter one)."""
     per_arg = [[x.strip() for x in arg.split(",")] for arg in args]
     if not any(x for items in per_arg for x in items):
-        raise ValueError(f"no {what} given ({flag})")
+        raise OptionError(f"no {what} given ({flag})")
     for arg, items in zip(args, per_arg, strict=True):
         if not all(items):
-            raise ValueError(f"{flag} {arg!r}: empty item (two commas in a row, or one at an end)")
+            raise OptionError(f"{flag} {arg!r}: empty item (two commas in a row, or one at an end)")
     return [x for items in per_arg for x in items]
 
 
@@ -68,12 +68,7 @@ def option_items(values: str | list[str] | None, flag: str, what: str = "value")
     if values is None:
         return []
     args = [values] if isinstance(values, str) else list(values)
-    if not args:
-        return []
-    try:
-        return split_items(args, flag, what)
-    except ValueError as exc:
-        raise OptionError(str(exc)) from None
+    return split_items(args, flag, what) if args else []
 
 
 def calibration_for(model: str, given: Path | None) -> Path | None:
