@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from kvsim.commands._options import check_range, split_items
+from kvsim.commands._options import OptionError, check_range
 from kvsim.policies import registry
 from kvsim.policies.spec import PolicySpec
 
@@ -80,6 +80,30 @@ def parse_budgets(text: str) -> list[float]:
         check_range("-b/--budget", b, 0, 1, low_open=True)
         out.append(b)
     return out
+
+
+def split_items(args: list[str], flag: str, what: str) -> list[str]:
+    """The comma-separated items of an option's values ``args``, stripped. OptionError naming
+    ``flag`` when there is no item at all (``-p ''``, ``-p ,``) or an empty one among others
+    (``-b 0.2,,0.4``: a mistyped list is not read as a shorter one)."""
+    per_arg = [[x.strip() for x in arg.split(",")] for arg in args]
+    if not any(x for items in per_arg for x in items):
+        raise OptionError(f"no {what} given ({flag})")
+    for arg, items in zip(args, per_arg, strict=True):
+        if not all(items):
+            raise OptionError(f"{flag} {arg!r}: empty item (two commas in a row, or one at an end)")
+    return [x for items in per_arg for x in items]
+
+
+def option_items(values: str | list[str] | None, flag: str, what: str = "value") -> list[str]:
+    """The comma-separated items of an optional option, given once (``values`` a string) or
+    repeated (a list): ``[]`` when it was not given at all, else `split_items`, so that a list
+    given but empty (``--gpu ''``, ``--ids ,``) or with a hole is an OptionError naming
+    ``flag``, never a silent fall back to the default."""
+    if values is None:
+        return []
+    args = [values] if isinstance(values, str) else list(values)
+    return split_items(args, flag, what) if args else []
 
 
 def default_trace_dir() -> Path:

@@ -53,8 +53,7 @@ def make_plan(policy_args: Sequence[str], budgets: Sequence[float], transforms: 
     at r_GPU = budget, as a token-merging baseline). Plain ``full`` keeps everything whatever
     the budget, so it runs once (at budget 1.0).
     """
-    from kvsim.commands._options import split_items
-    from kvsim.specs import parse_policies
+    from kvsim.specs import parse_policies, split_items
     from kvsim.tracer.transforms import parse_transforms
 
     crossed = list(parse_transforms(transforms))

@@ -7,7 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.commands._options import OptionError, option_items, split_items
+from kvsim.commands._options import OptionError
+from kvsim.specs import option_items, split_items
 
 runner = CliRunner()
 

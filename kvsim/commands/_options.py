@@ -47,30 +47,6 @@ def check_positive_ints(**options: int | None) -> None:
         check_range("--" + name.replace("_", "-"), value, 1)
 
 
-def split_items(args: list[str], flag: str, what: str) -> list[str]:
-    """The comma-separated items of an option's values ``args``, stripped. OptionError naming
-    ``flag`` when there is no item at all (``-p ''``, ``-p ,``) or an empty one among others
-    (``-b 0.2,,0.4``: a mistyped list is not read as a shorter one)."""
-    per_arg = [[x.strip() for x in arg.split(",")] for arg in args]
-    if not any(x for items in per_arg for x in items):
-        raise OptionError(f"no {what} given ({flag})")
-    for arg, items in zip(args, per_arg, strict=True):
-        if not all(items):
-            raise OptionError(f"{flag} {arg!r}: empty item (two commas in a row, or one at an end)")
-    return [x for items in per_arg for x in items]
-
-
-def option_items(values: str | list[str] | None, flag: str, what: str = "value") -> list[str]:
-    """The comma-separated items of an optional option, given once (``values`` a string) or
-    repeated (a list): ``[]`` when it was not given at all, else `split_items`, so that a list
-    given but empty (``--gpu ''``, ``--ids ,``) or with a hole is an OptionError naming
-    ``flag``, never a silent fall back to the default."""
-    if values is None:
-        return []
-    args = [values] if isinstance(values, str) else list(values)
-    return split_items(args, flag, what) if args else []
-
-
 def calibration_for(model: str, given: Path | None) -> Path | None:
     """The heads.json a command reads: ``given``, else for ``--model minivox`` with the
     shipped adapter its own (:data:`kvsim.minivox.SHIPPED_HEADS`), else None (policies that

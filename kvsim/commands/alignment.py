@@ -74,7 +74,8 @@ COLUMNS = [("trace", "trace", True), ("layers", "layers (monotonicity)", False),
 def _parse_options(layers: str | None, n_layers: int, smooth: int, min_jump: float) -> list[int] | None:
     """Range-check the options (one line and exit 2 on a bad one); the chosen layers."""
     from kvsim.commands._errors import fail
-    from kvsim.commands._options import OptionError, check_positive_ints, check_range, option_items
+    from kvsim.commands._options import OptionError, check_positive_ints, check_range
+    from kvsim.specs import option_items
 
     try:
         check_positive_ints(n_layers=n_layers, smooth=smooth)

@@ -16,7 +16,6 @@ from kvsim.commands._options import (
     ReadWindowOption,
     announce_shipped_calibration,
     calibration_for,
-    option_items,
     parse_decoding_options,
 )
 from kvsim.commands._table import Column, FormatOption, TableFormat, WideOption, print_frame
@@ -149,6 +148,7 @@ def _select_inputs(inputs: list[Path] | None, reference: list[str] | None, datas
     """The inputs to decode, from files/folders or a dataset, narrowed by --limit / --ids,
     with --task applied; DataError (one line) on a bad selection."""
     from kvsim.live.data import DataError, from_paths, load_dataset, select_ids
+    from kvsim.specs import option_items
 
     if ids is not None and limit:
         raise DataError("--ids and --limit both select inputs: give one of them")

@@ -12,9 +12,8 @@ from typing import Annotated
 import typer
 
 from kvsim.commands._errors import err, fail, print_error
-from kvsim.commands._options import option_items
 from kvsim.commands._table import Column, FormatOption, TableFormat, WideOption, print_frame
-from kvsim.specs import default_trace_dir, parse_budgets, parse_policies
+from kvsim.specs import default_trace_dir, option_items, parse_budgets, parse_policies
 
 #: The replay summary: the compact set fits 80 columns with whole trace and policy names.
 REPLAY_COLUMNS = [

@@ -14,7 +14,6 @@ from typing import Annotated
 import typer
 
 from kvsim.commands._errors import err, fail
-from kvsim.commands._options import option_items
 from kvsim.commands._table import (
     Column,
     FormatOption,
@@ -23,6 +22,7 @@ from kvsim.commands._table import (
     auto_columns,
     print_frame,
 )
+from kvsim.specs import option_items
 
 
 def _step_logs(path: Path) -> list[tuple[str, Path, Path]]:

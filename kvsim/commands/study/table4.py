@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from kvsim.commands._options import calibration_for, option_items
+from kvsim.commands._options import calibration_for
 from kvsim.commands.study import (
     DatasetRootOption,
     DeviceOption,
@@ -21,6 +21,7 @@ from kvsim.commands.study import (
     default_out,
     finish,
 )
+from kvsim.specs import option_items
 
 
 def _counts(text: str) -> tuple[int, ...]:

@@ -13,7 +13,6 @@ from kvsim.commands._options import (
     HoldEndOption,
     ReadWindowOption,
     calibration_for,
-    option_items,
 )
 from kvsim.commands.study import (
     DatasetRootOption,
@@ -26,6 +25,7 @@ from kvsim.commands.study import (
     default_out,
     finish,
 )
+from kvsim.specs import option_items
 
 
 def table5(

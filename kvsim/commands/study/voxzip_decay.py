@@ -93,7 +93,7 @@ def _live(sweep, gammas: list[float], budgets: list[float]):
 
 def _gammas(text: str) -> list[float]:
     """``"0.9,0.95"`` -> floats (range checked by the policy)."""
-    from kvsim.commands._options import option_items
+    from kvsim.specs import option_items
 
     items = option_items(text, "--gamma", "gamma")
     try:
