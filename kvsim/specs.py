@@ -1,4 +1,4 @@
-"""Parsing of policy/budget arguments shared by the CLI commands."""
+"""Parsing of the arguments the CLI commands share: comma-separated lists, policies, budgets."""
 
 from __future__ import annotations
 
