@@ -137,10 +137,11 @@ def simulate(
         _check_options(batch=batch, retention=retention, tidal_heads=tidal_heads,
                        anchor_heads=anchor_heads, audio_minutes=audio_minutes, churn=churn,
                        decode_steps=decode_steps, capacity_gib=capacity_gib)
+        gpus = option_items(gpu, "--gpu", "gpu")
         if table:
-            _documented_table(table, option_items(gpu, "--gpu", "gpu")[0], runtime, model, audio_minutes, out, fmt)
+            _documented_table(table, gpus[0], runtime, model, audio_minutes, out, fmt)
             return
-        gpus, modes = option_items(gpu, "--gpu", "gpu"), option_items(mode, "--mode", "mode")
+        modes = option_items(mode, "--mode", "mode")
         for m in modes:
             SimMode.parse(m)
         if runs is not None and policy:
