@@ -8,7 +8,10 @@ The ``train_wide`` split adds distinct training-only text from WordNet and the `
 fortunes (:mod:`kvsim.minivox.extra_text`; Debian packages ``wordnet-base``,
 ``fortune-anarchism``), none of it inside a held-out text. The ``test_new`` split reads a
 source and register no training split uses (report prose from the brotli sdist,
-:mod:`kvsim.minivox.heldout_text`), with voices and speaking rates held out of training.
+:mod:`kvsim.minivox.heldout_text`), with voices and speaking rates held out of training; its
+three re-spoken twins (``test_new_train_voice``, ``_train_rate``, ``_train_both``) read its
+words again with the voice, the rate or both moved to the nearest training condition
+(:mod:`kvsim.minivox.respeak`).
 
 Speech: libespeak-ng (see :mod:`kvsim.minivox.espeak`) with several voices, speaking
 rates and pitches; a clip concatenates consecutive fortunes of its split with natural
@@ -31,6 +34,7 @@ import random
 import re
 import sys
 import tarfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -86,6 +90,13 @@ class SplitSpec:
     # where in the (shuffled) pool the first clip starts, as a fraction of the pool: lets two
     # splits draw disjoint text from one pool
     start: float = 0.0
+    # re-speak this split word for word instead of drawing text (clip i reads its clip i,
+    # :mod:`.respeak`), with the training voice of each clip's accent (``training_voice``)
+    # and/or a rate in the training band nearest its own (``training_rate``); the source's
+    # voice and rate where False
+    respeak: str | None = None
+    training_voice: bool = False
+    training_rate: bool = False
 
 
 @dataclass
@@ -115,6 +126,14 @@ class DataConfig:
         # held-out text source and register, held-out voices and rates, 1-4 min
         SplitSpec("test_new", 12, 62.0, 235.0, pool="prose", voices=HELDOUT_VOICES,
                   rate_bands=HELDOUT_RATE_BANDS),
+        # test_new's words again with one condition moved to training's, for paired factor
+        # costs (docs/minivox.md "What test_new's errors come from"); test splits, never trained on
+        SplitSpec("test_new_train_voice", 12, 62.0, 235.0, respeak="test_new",
+                  training_voice=True),
+        SplitSpec("test_new_train_rate", 12, 62.0, 235.0, respeak="test_new",
+                  training_rate=True),
+        SplitSpec("test_new_train_both", 12, 62.0, 235.0, respeak="test_new",
+                  training_voice=True, training_rate=True),
     ])
     # Share of the fortunes reserved for each split (by text); train takes the rest.
     heldout_share: dict[str, float] = field(default_factory=lambda: {
@@ -320,15 +339,8 @@ def clip_voice_and_rates(spec: SplitSpec, i: int) -> tuple[str | None, tuple[int
     return None, bands[i % len(bands)]
 
 
-def _generate_split(out: Path, cfg: DataConfig, spec: SplitSpec) -> None:
-    """Synthesise one split into ``<out>/parts/<split>.parquet`` (run in a fresh process)."""
-    import polars as pl
-    import soundfile as sf
-    from tqdm import tqdm
-
-    from .espeak import ESpeak
-
-    tts = ESpeak()
+def _drawn_clips(cfg: DataConfig, spec: SplitSpec, tts) -> Iterator[dict]:
+    """Clip after clip of ``spec``, its text drawn from its pool."""
     fortunes = load_fortunes()
     texts = split_texts(fortunes, cfg)
     if spec.pool == "prose":
@@ -344,10 +356,7 @@ def _generate_split(out: Path, cfg: DataConfig, spec: SplitSpec) -> None:
     if spec.pool != "prose":
         random.Random(cfg.seed + 1 + (spec.pool is not None)).shuffle(pool)
     cursor = int(spec.start * len(pool))
-    adir = out / "audio" / spec.name
-    adir.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for i in tqdm(range(spec.n_clips), desc=spec.name, mininterval=5):
+    for i in range(spec.n_clips):
         rng = random.Random(_clip_seed(cfg.seed, spec.name, i))
         voice, rates = clip_voice_and_rates(spec, i)
         if spec.pool == "prose":
@@ -357,6 +366,40 @@ def _generate_split(out: Path, cfg: DataConfig, spec: SplitSpec) -> None:
         if res is None:
             raise RuntimeError(f"split {spec.name}: could not build clip {i}")
         clip, cursor = res
+        yield clip
+
+
+def _respoken_clips(out: Path, cfg: DataConfig, spec: SplitSpec, tts) -> Iterator[dict]:
+    """Clip after clip of ``spec``: its source split's clips read again (:mod:`.respeak`)."""
+    from .respeak import respeak_clip, respeak_condition, source_rows
+
+    rows = source_rows(out, spec.respeak)
+    if len(rows) != spec.n_clips:
+        raise RuntimeError(f"split {spec.name}: {spec.respeak} has {len(rows)} clips, "
+                           f"expected {spec.n_clips}")
+    for i, row in enumerate(rows):
+        voice, band = respeak_condition(row["voice"], row["rate"], train_rates=TRAIN_RATES,
+                                        training_voice=spec.training_voice,
+                                        training_rate=spec.training_rate)
+        rng = random.Random(_clip_seed(cfg.seed, spec.name, i))
+        yield respeak_clip(tts, row["text"], voice, band, rng)
+
+
+def _generate_split(out: Path, cfg: DataConfig, spec: SplitSpec) -> None:
+    """Synthesise one split into ``<out>/parts/<split>.parquet`` (run in a fresh process)."""
+    import polars as pl
+    import soundfile as sf
+    from tqdm import tqdm
+
+    from .espeak import ESpeak
+
+    tts = ESpeak()
+    clips = (_respoken_clips(out, cfg, spec, tts) if spec.respeak
+             else _drawn_clips(cfg, spec, tts))
+    adir = out / "audio" / spec.name
+    adir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, clip in enumerate(tqdm(clips, total=spec.n_clips, desc=spec.name, mininterval=5)):
         cid = f"{spec.name}-{i:05d}"
         rel = f"audio/{spec.name}/{cid}.flac"
         sf.write(out / rel, clip.pop("audio"), 16000, subtype="PCM_16")
@@ -410,7 +453,11 @@ def split_record(cfg: DataConfig, spec: SplitSpec, sources: dict[str, str],
     the text files it reads (:func:`source_digests`: an upgraded package changes them) and
     libespeak-ng's version ``espeak`` (:func:`~.espeak.espeak_version`: its voices and rules
     make the audio)."""
-    return {"format": 1, "seed": cfg.seed, "spec": asdict(spec),
+    fields = asdict(spec)
+    if spec.respeak is None:  # a drawn split's record is as it was before re-spoken splits
+        for key in ("respeak", "training_voice", "training_rate"):
+            del fields[key]
+    return {"format": 1, "seed": cfg.seed, "spec": fields,
             "heldout_share": cfg.heldout_share, "heldout_text": cfg.heldout_text,
             "sources": sources, "espeak": espeak}
 
@@ -434,6 +481,15 @@ def source_digests(spec: SplitSpec, fortune_root: Path = FORTUNE_DIR,
     if spec.pool in ("extra", "prose"):
         out["wordnet"] = files_sha256([wordnet_root / name for name in WORDNET_FILES])
     return out
+
+
+def _source_record(out: Path, spec: SplitSpec) -> str:
+    """The record of the split ``spec`` re-speaks, which must be complete under ``out``."""
+    path = record_path(out, spec.respeak)
+    if not path.is_file():
+        raise RuntimeError(f"split {spec.name}: it re-speaks {spec.respeak}, which {out} does "
+                           f"not hold complete (generate {spec.respeak} first)")
+    return path.read_text()
 
 
 def record_path(out: Path, split: str) -> Path:
@@ -492,7 +548,10 @@ def generate(out: Path, cfg: DataConfig, splits: list[str] | None = None,
             continue
         if spec.pool not in sources_by_pool:
             sources_by_pool[spec.pool] = source_digests(spec)
-        record = split_record(cfg, spec, sources_by_pool[spec.pool], espeak)
+        sources = sources_by_pool[spec.pool]
+        if spec.respeak:  # re-spoken clips are a function of the source split's clips
+            sources = {**sources, "respeak": _source_record(out, spec)}
+        record = split_record(cfg, spec, sources, espeak)
         if not force and split_is_current(out, record):
             print(f"split {spec.name}: complete with the same seed and spec, kept", file=sys.stderr)
             continue

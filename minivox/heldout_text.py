@@ -87,7 +87,8 @@ def read_source(path: str | Path | None = None) -> str:
     return data.decode("ascii")
 
 
-def _split_sentences(text: str) -> list[str]:
+def split_sentences(text: str) -> list[str]:
+    """``text``'s sentences, split after ., ! or ? and a space, except after an abbreviation."""
     out: list[str] = []
     for part in _SENT_END.split(text):
         if out and _ABBREV.search(out[-1]):
@@ -137,7 +138,7 @@ def prose_sentences(raw: str, min_words: int = 5) -> list[str]:
     out = []
     for para in prose_paragraphs(raw):
         para = _FOOTNOTE.sub("", para)
-        for sent in _split_sentences(para):
+        for sent in split_sentences(para):
             sent = _UPPER_WORD.sub(as_name, sent)
             if _UPPER_WORD.search(sent) or "Cont'd" in sent:
                 continue
