@@ -6,10 +6,14 @@ method: a label at one budget, ``snapkv@0.2``, when the folder holds it at sever
 so the difference of two methods' corpus WER (errors over reference words, summed over
 clips, WnW §3.5) is resampled over clips, the same clips for both sides: this says whether
 a method differs from the baseline by more than the choice of clips. The ``--out`` files of
-``python -m kvsim.minivox.evaluate`` (one adapter each, named by the file) pair the same way.
+``python -m kvsim.minivox.evaluate`` (one adapter each, named by the file) pair the same way;
+with ``--by-split`` each split of each file is a method (``FILE:SPLIT``) and clips pair by
+their number, which pairs a split with its re-spoken twins (clip i of ``test_new_train_voice``
+reads clip i of ``test_new``).
 
 Usage: python scripts/live_paired_wer.py RUN_FOLDER_OR_RUNS_PARQUET --baseline SUBSTRING
        python scripts/live_paired_wer.py EVAL_A.jsonl EVAL_B.jsonl ... --baseline SUBSTRING
+       python scripts/live_paired_wer.py EVAL.jsonl --by-split --baseline EVAL:test_new
        [--n-boot 10000] [--seed 0]
 """
 
@@ -28,10 +32,11 @@ from kvsim.studies.fidelity_stats import bootstrap, bootstrap_draws
 
 def paired_table(runs: pl.DataFrame, baseline: str, n_boot: int = 10000, seed: int = 0) -> pl.DataFrame:
     """One row per method label: its corpus WER, the difference to the method whose label
-    contains ``baseline`` and that difference's clip-bootstrap 95% interval."""
+    is ``baseline`` (or, where none is, the one label containing it) and that difference's
+    clip-bootstrap 95% interval."""
     runs = method_labels(runs)
     labels = sorted(set(runs["label"].to_list()))
-    base = [lab for lab in labels if baseline in lab]
+    base = [lab for lab in labels if lab == baseline] or [lab for lab in labels if baseline in lab]
     if len(base) != 1:
         raise ValueError(f"--baseline {baseline!r} matches {len(base)} methods (need 1): {', '.join(base)}")
     clips = sorted(set(runs["input"].to_list()))
@@ -68,10 +73,11 @@ def method_labels(runs: pl.DataFrame) -> pl.DataFrame:
     return runs.with_columns(pl.Series("label", tagged))
 
 
-def evaluation_runs(files: list[Path]) -> pl.DataFrame:
-    """The ``--out`` records of ``kvsim.minivox.evaluate`` as runs (label: the file's stem);
-    records written before they carried ``errors`` are re-scored from their text with
-    minivox's tokenizer, as the evaluation scored them (token-truncated WER, WnW §3.5)."""
+def evaluation_runs(files: list[Path], by_split: bool = False) -> pl.DataFrame:
+    """The ``--out`` records of ``kvsim.minivox.evaluate`` as runs (label: the file's stem;
+    ``by_split``: ``stem:split``, the clip: its number within its split); records written
+    before they carried ``errors`` are re-scored from their text with minivox's tokenizer, as
+    the evaluation scored them (token-truncated WER, WnW §3.5)."""
     from kvsim.minivox.evaluate import read_records
 
     tokenizer, rows = None, []
@@ -84,15 +90,22 @@ def evaluation_runs(files: list[Path]) -> pl.DataFrame:
                 tokenizer = tokenizer or load_processor(minivox_dir()).tokenizer
                 scores = truncated_wer(rec["hyp"], rec["ref"], tokenizer)
                 rec["errors"], rec["ref_words"] = scores.errors, scores.ref_words
-            rows.append({"input": f"{rec['split']}/{rec['id']}", "label": f.stem,
+            if by_split:
+                clip, label = rec["id"].rpartition("-")[2], f"{f.stem}:{rec['split']}"
+            else:
+                clip, label = f"{rec['split']}/{rec['id']}", f.stem
+            rows.append({"input": clip, "label": label,
                          "wer_errors": rec["errors"], "ref_words": rec["ref_words"]})
     return pl.DataFrame(rows)
 
 
-def read_runs(paths: list[Path]) -> pl.DataFrame:
-    """A run folder or runs.parquet, or several evaluation ``.jsonl`` files."""
+def read_runs(paths: list[Path], by_split: bool = False) -> pl.DataFrame:
+    """A run folder or runs.parquet, or several evaluation ``.jsonl`` files (``by_split``:
+    one method per file and split, clips paired by number)."""
     if all(p.suffix == ".jsonl" for p in paths):
-        return evaluation_runs(paths)
+        return evaluation_runs(paths, by_split)
+    if by_split:
+        raise ValueError("--by-split pairs evaluation .jsonl files only")
     if len(paths) != 1:
         raise ValueError("give one run folder (or runs.parquet), or evaluation .jsonl files only")
     return pl.read_parquet(paths[0] / "runs.parquet" if paths[0].is_dir() else paths[0])
@@ -101,13 +114,17 @@ def read_runs(paths: list[Path]) -> pl.DataFrame:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", type=Path, nargs="+")
-    ap.add_argument("--baseline", required=True, help="a substring of exactly one method label")
+    ap.add_argument("--baseline", required=True,
+                    help="a method label, or a substring of exactly one")
+    ap.add_argument("--by-split", action="store_true",
+                    help="evaluation files: each split a method (FILE:SPLIT), clips paired by "
+                    "their number (a split against its re-spoken twins)")
     ap.add_argument("--n-boot", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     where = ", ".join(map(str, a.runs))
     try:
-        table = paired_table(read_runs(a.runs), a.baseline, a.n_boot, a.seed)
+        table = paired_table(read_runs(a.runs, a.by_split), a.baseline, a.n_boot, a.seed)
     except (OSError, ValueError, KeyError, json.JSONDecodeError, pl.exceptions.PolarsError) as exc:
         print(f"{where}: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -75,3 +75,30 @@ def test_a_grid_pairs_each_label_at_each_budget():
     table = script.paired_table(runs, "full", n_boot=200)
     wer = dict(zip(table["label"], table["wer"], strict=True))
     assert wer == pytest.approx({"full": 0.1, "snapkv@0.2": 0.6, "snapkv@0.8": 0.15, "wnw(lam=2)": 0.2})
+
+
+def test_by_split_pairs_a_split_with_its_twins_by_clip_number(tmp_path):
+    """``--by-split``: every split of a file is a method and clip i of a re-spoken twin pairs
+    with clip i of its source; a baseline label equal to one label is that label even where
+    it lies inside others (``x:test_new`` inside ``x:test_new_train_voice``)."""
+    import json
+
+    path = tmp_path / "x.jsonl"
+    recs = [("test_new", i, e) for i, e in enumerate([10, 12, 8])]
+    recs += [("test_new_train_voice", i, e) for i, e in enumerate([4, 6, 8])]
+    path.write_text("".join(json.dumps({"split": s, "id": f"{s}-{i:05d}", "errors": e,
+                                        "ref_words": 20}) + "\n" for s, i, e in recs))
+    script = _script()
+    runs = script.read_runs([path], by_split=True)
+    assert sorted(set(runs["input"])) == ["00000", "00001", "00002"]
+    table = script.paired_table(runs, "x:test_new", n_boot=300).sort("label")
+    new, twin = table.rows(named=True)
+    assert new["label"] == "x:test_new" and new["diff"] == 0.0
+    assert twin["wer"] == pytest.approx(18 / 60) and twin["diff"] == pytest.approx(-12 / 60)
+    # the twin is never worse on any clip: no resample can reverse the sign
+    assert twin["diff_low"] <= twin["diff"] <= twin["diff_high"] <= 0.0
+    # without --by-split the file is one method over six (split, id) clips
+    plain = script.read_runs([path])
+    assert set(plain["label"]) == {"x"} and plain["input"].n_unique() == 6
+    with pytest.raises(ValueError, match="evaluation .jsonl files only"):
+        script.read_runs([tmp_path], by_split=True)
