@@ -412,11 +412,14 @@ def _generate_split(out: Path, cfg: DataConfig, spec: SplitSpec) -> None:
 
 def missing_inputs(cfg: DataConfig, splits: list[str] | None = None,
                    fortune_root: Path = FORTUNE_DIR, wordnet_root: Path = WORDNET_DIR,
-                   espeak_ok: bool | None = None) -> list[str]:
-    """Everything generating ``splits`` (None: all) needs and lacks, one message each.
+                   espeak_ok: bool | None = None, out: Path | None = None) -> list[str]:
+    """Everything generating ``splits`` (None: all) into ``out`` needs and lacks, one message
+    each.
 
     Checked before any split is synthesised, so a missing package or source costs seconds,
-    not the splits generated before it. ``espeak_ok`` None: try to load libespeak-ng.
+    not the splits generated before it. ``espeak_ok`` None: try to load libespeak-ng. A
+    re-spoken split needs its source generated with it or complete under ``out`` (not
+    checked where ``out`` is None).
     """
     from .espeak import ESPEAK_MISSING, load_library
 
@@ -426,6 +429,7 @@ def missing_inputs(cfg: DataConfig, splits: list[str] | None = None,
     wanted = [s for s in cfg.splits if not splits or s.name in splits]
     if not wanted:
         return problems
+    problems += _missing_respeak_sources(wanted, out)
     if espeak_ok is None:
         try:
             load_library()
@@ -444,6 +448,14 @@ def missing_inputs(cfg: DataConfig, splits: list[str] | None = None,
         except (OSError, ValueError, tarfile.TarError) as exc:
             problems.append(str(exc))
     return problems
+
+
+def _missing_respeak_sources(wanted: list[SplitSpec], out: Path | None) -> list[str]:
+    names = {s.name for s in wanted}
+    return [f"split {s.name} re-speaks {s.respeak}, which {out} does not hold complete: "
+            f"generate {s.respeak} with it (--splits {s.respeak} {s.name})"
+            for s in wanted if s.respeak and s.respeak not in names and out is not None
+            and not record_path(out, s.respeak).is_file()]
 
 
 def split_record(cfg: DataConfig, spec: SplitSpec, sources: dict[str, str],
@@ -636,7 +648,7 @@ def main(argv: list[str] | None = None) -> None:
             if s.name == "train":
                 s.n_clips = args.n_train
     if not args.sidecars_only:
-        problems = missing_inputs(cfg, args.splits)
+        problems = missing_inputs(cfg, args.splits, out=args.out)
         for problem in problems:
             print(f"kvsim.minivox.data: error: {problem}", file=sys.stderr)
         if problems:

@@ -106,3 +106,24 @@ def test_main_exits_with_one_line_per_problem_and_writes_nothing(tmp_path, capsy
     assert err and all(line.startswith("kvsim.minivox.data: error: ") for line in err)
     assert any("bogus" in line for line in err)
     assert not out.exists()
+
+
+def test_a_twin_without_its_source_is_named_before_anything_is_synthesised(tmp_path, capsys):
+    cfg = DataConfig(splits=[SplitSpec("dev", 1, 3.0, 6.0),
+                             SplitSpec("dev_again", 1, 3.0, 6.0, respeak="dev")])
+    out = tmp_path / "corpus"
+    problems = _problems(cfg, ["dev_again"], tmp_path, out=out)
+    assert problems == [f"split dev_again re-speaks dev, which {out} does not hold complete: "
+                        "generate dev with it (--splits dev dev_again)"]
+    # generated together, or with the source complete under out: no problem
+    assert _problems(cfg, ["dev", "dev_again"], tmp_path, out=out) == []
+    (out / "parts").mkdir(parents=True)
+    (out / "parts" / "dev.json").write_text("{}")
+    assert _problems(cfg, ["dev_again"], tmp_path, out=out) == []
+    # the command line: one line, exit 2, nothing written
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "fresh"), "--splits", "test_new_train_voice"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "split test_new_train_voice re-speaks test_new" in err
+    assert not (tmp_path / "fresh" / "manifest.parquet").exists()
