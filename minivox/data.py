@@ -93,7 +93,8 @@ class SplitSpec:
     # re-speak this split word for word instead of drawing text (clip i reads its clip i,
     # :mod:`.respeak`), with the training voice of each clip's accent (``training_voice``)
     # and/or a rate in the training band nearest its own (``training_rate``); the source's
-    # voice and rate where False
+    # voice and rate where False. A re-spoken clip lasts as long as its words take at its
+    # rate: min_s and max_s bound only drawn splits
     respeak: str | None = None
     training_voice: bool = False
     training_rate: bool = False
