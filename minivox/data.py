@@ -38,10 +38,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from kvsim.trace.atomic import atomic_file
 
+from .clip_audio import ClipAssembly
 from .extra_text import (
     EXTRA_FORTUNE_FILES,
     WORDNET_DIR,
@@ -279,10 +278,9 @@ def make_clip(tts, pool: list[str], cursor: int, rng: random.Random, min_s: floa
     rate = rng.randint(*rate_range)
     pitch = rng.randint(35, 65)
     target = rng.uniform(min_s, max_s)
-    lead = rng.uniform(0.1, 0.6)
-    pieces = [np.zeros(int(lead * 16000), np.float32)]
-    t = lead
-    texts, words, starts, ends = [], [], [], []
+    clip = ClipAssembly()
+    clip.silence(rng.uniform(0.1, 0.6))
+    texts = []
     tries = 0
     while tries < 4 * len(pool):
         text = pool[cursor % len(pool)]
@@ -292,38 +290,20 @@ def make_clip(tts, pool: list[str], cursor: int, rng: random.Random, min_s: floa
         if len(syn.words) != len(text.split()) or syn.audio.size == 0:
             continue  # espeak's word events disagree with the text: skip this fortune
         dur = syn.audio.size / 16000
-        if t + dur > max_s:
-            if t > min_s or dur > max_s:
-                if t > min_s:
+        if clip.t + dur > max_s:
+            if clip.t > min_s or dur > max_s:
+                if clip.t > min_s:
                     break
                 continue
             continue
-        pieces.append(syn.audio)
+        clip.speech(syn)
         texts.append(text)
-        words += syn.words
-        starts += [t + s for s in syn.starts]
-        ends += [t + e for e in syn.ends]
-        t += dur
-        if t >= target:
+        if clip.t >= target:
             break
-        gap = rng.uniform(0.25, 0.9)
-        pieces.append(np.zeros(int(gap * 16000), np.float32))
-        t += gap
-    if not texts or t < min_s:
+        clip.silence(rng.uniform(0.25, 0.9))
+    if not texts or clip.t < min_s:
         return None
-    pieces.append(np.zeros(int(rng.uniform(0.1, 0.5) * 16000), np.float32))
-    audio = np.concatenate(pieces)
-    peak = float(np.abs(audio).max()) or 1.0
-    audio = audio * (rng.uniform(0.3, 0.9) / peak)
-    return {
-        "audio": audio.astype(np.float32),
-        "text": " ".join(texts),
-        "words": words,
-        "word_start": [round(x, 4) for x in starts],
-        "word_end": [round(x, 4) for x in ends],
-        "voice": voice,
-        "rate": rate,
-    }, cursor
+    return clip.finish(rng, " ".join(texts), voice, rate), cursor
 
 
 def clip_voice_and_rates(spec: SplitSpec, i: int) -> tuple[str | None, tuple[int, int]]:

@@ -17,11 +17,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import numpy as np
-
+from .clip_audio import ClipAssembly
 from .heldout_text import split_sentences
-
-SAMPLE_RATE = 16000
 
 # each held-out voice (data.HELDOUT_VOICES) -> the training voice (data.VOICES) of its accent:
 # the base voice itself where training speaks it without a variant, else its only trained variant
@@ -71,29 +68,17 @@ def respeak_clip(tts, text: str, voice: str, rate_range: tuple[int, int],
     clip would no longer read the source's words one for one."""
     rate = rng.randint(*rate_range)
     pitch = rng.randint(35, 65)
-    t = rng.uniform(0.1, 0.6)
-    pieces = [np.zeros(int(t * SAMPLE_RATE), np.float32)]
-    words, starts, ends = [], [], []
+    clip = ClipAssembly()
+    clip.silence(rng.uniform(0.1, 0.6))
     for k, sentence in enumerate(split_sentences(text)):
         if k:
-            gap = rng.uniform(0.25, 0.9)
-            pieces.append(np.zeros(int(gap * SAMPLE_RATE), np.float32))
-            t += gap
+            clip.silence(rng.uniform(0.25, 0.9))
         syn = tts.synth(sentence, voice=voice, rate=rate, pitch=pitch)
         if len(syn.words) != len(sentence.split()) or syn.audio.size == 0:
             raise RuntimeError(f"espeak's word events disagree with the sentence {sentence!r} "
                                f"(voice {voice}, rate {rate})")
-        pieces.append(syn.audio)
-        words += syn.words
-        starts += [t + s for s in syn.starts]
-        ends += [t + e for e in syn.ends]
-        t += syn.audio.size / SAMPLE_RATE
-    pieces.append(np.zeros(int(rng.uniform(0.1, 0.5) * SAMPLE_RATE), np.float32))
-    audio = np.concatenate(pieces)
-    audio *= rng.uniform(0.3, 0.9) / (float(np.abs(audio).max()) or 1.0)
-    return {"audio": audio.astype(np.float32), "text": text, "words": words,
-            "word_start": [round(x, 4) for x in starts], "word_end": [round(x, 4) for x in ends],
-            "voice": voice, "rate": rate}
+        clip.speech(syn)
+    return clip.finish(rng, text, voice, rate)
 
 
 def source_rows(out: Path, split: str) -> list[dict]:

@@ -10,6 +10,7 @@ import pytest
 
 from kvsim.minivox import data as D
 from kvsim.minivox import respeak as R
+from kvsim.minivox.clip_audio import SAMPLE_RATE
 from kvsim.minivox.espeak import _PUNCT
 
 
@@ -86,7 +87,7 @@ def test_respeak_clip_reads_the_same_words_in_the_given_voice_and_band():
     clip = R.respeak_clip(tts, text, "en-us", (135, 150), random.Random(3))
     assert clip["text"] == text and clip["voice"] == "en-us" and 135 <= clip["rate"] <= 150
     assert clip["words"] == [w.strip(_PUNCT) for w in text.split()]
-    dur = clip["audio"].size / R.SAMPLE_RATE
+    dur = clip["audio"].size / SAMPLE_RATE
     starts, ends = clip["word_start"], clip["word_end"]
     assert starts[0] >= 0.1 and ends[-1] <= dur
     assert all(a <= b for a, b in zip(starts, starts[1:], strict=False))
