@@ -66,6 +66,18 @@ FAST_LONGFORM_RATES = (180, 199)
 HELDOUT_VOICES = ("en-us+m1", "en-gb-x-rp+m4", "en+m6", "en-us-nyc+f5", "en-029+m7",
                   "en-gb-scotland+m5")
 HELDOUT_RATE_BANDS = ((115, 130), (200, 215))
+# train_longform_voices: more speakers and rates than training has, none of test_new's: the
+# accents of VOICES with variants no other split uses (neither training's f1-f4, m2, m3 nor
+# test_new's m1, m4-m7, f5), and rates beyond both ends of TRAIN_RATES that skip test_new's
+# bands; clip i gets voice i % 16 and band (i // 16) % 3. Its control, train_longform_voices_c,
+# reads the same stretch of text in training's voices and rates.
+WIDE_VOICES = (
+    "en-us+m8", "en+Andy", "en-gb-x-rp+Annie", "en-029+Denis", "en-gb-scotland+Gene",
+    "en-us-nyc+Lee", "en-gb-x-gbclan+Michael", "en-gb-x-gbcwmd+adam", "en-us+aunty",
+    "en+benjamin", "en-gb-x-rp+edward", "en-029+linda", "en-gb-scotland+max", "en-us-nyc+paul",
+    "en-gb-x-gbclan+steph", "en-gb-x-gbcwmd+travis",
+)
+WIDE_RATE_BANDS = ((95, 114), TRAIN_RATES, (216, 235))
 SKIP_FILES = {"ascii-art", "art", "perl", "translate-me", "linux", "linuxcookie", "debian",
               "computers", "zippy", "startrek", "knghtbrd"}
 
@@ -117,6 +129,11 @@ class DataConfig:
                   rate_bands=(FAST_LONGFORM_RATES,)),
         # its control: as many clips at the training rates, of text after the fast split's
         SplitSpec("train_longform_2", 160, 60.0, 240.0, pool="extra", start=0.8),
+        # new speakers and rates (WIDE_VOICES, WIDE_RATE_BANDS) and their control: the same
+        # stretch of the extra pool, after train_longform_2's, in training's voices and rates
+        SplitSpec("train_longform_voices", 48, 60.0, 240.0, pool="extra", start=0.9,
+                  voices=WIDE_VOICES, rate_bands=WIDE_RATE_BANDS),
+        SplitSpec("train_longform_voices_c", 48, 60.0, 240.0, pool="extra", start=0.9),
         SplitSpec("dev", 24, 8.0, 29.0),
         SplitSpec("test_30_60", 20, 30.0, 60.0),
         # 32 clips (8 until 2026-12-03: clip i depends only on (seed, split, i) and the

@@ -178,7 +178,7 @@ def test_fast_longform_split_is_fast_and_keeps_test_new_rates_held_out():
 def test_longform_pool_windows_do_not_overlap():
     """train_wide, train_longform, train_longform_fast and train_longform_2 read disjoint
     windows of the extra pool: each window's words (clips x mean duration x top rate) fit before the next start."""
-    from kvsim.minivox.data import FAST_LONGFORM_RATES, TRAIN_RATES
+    from kvsim.minivox.data import FAST_LONGFORM_RATES, TRAIN_RATES, WIDE_RATE_BANDS
 
     pool_words = 1_376_005  # the extra pool's size (load_extra_texts on the Debian packages)
     splits = {s.name: s for s in DataConfig().splits}
@@ -191,7 +191,42 @@ def test_longform_pool_windows_do_not_overlap():
     assert end("train_wide", TRAIN_RATES[1]) < splits["train_longform"].start
     assert end("train_longform", TRAIN_RATES[1]) < splits["train_longform_fast"].start
     assert end("train_longform_fast", FAST_LONGFORM_RATES[1]) < splits["train_longform_2"].start
-    assert end("train_longform_2", TRAIN_RATES[1]) < 1.0
+    assert end("train_longform_2", TRAIN_RATES[1]) < splits["train_longform_voices"].start
+    assert splits["train_longform_voices_c"].start == splits["train_longform_voices"].start
+    assert end("train_longform_voices", WIDE_RATE_BANDS[-1][1]) < 1.0
+
+
+def test_wide_voices_are_new_speakers_of_trained_accents_and_keep_test_new_held_out():
+    """train_longform_voices speaks variants neither training nor test_new uses, in the
+    accents training has, at rates beyond training's on both sides and outside test_new's;
+    its control is the same stretch of text in training's voices and rates."""
+    from kvsim.minivox.data import (
+        HELDOUT_RATE_BANDS,
+        HELDOUT_VOICES,
+        TRAIN_RATES,
+        VOICES,
+        WIDE_RATE_BANDS,
+        WIDE_VOICES,
+    )
+
+    def variant(v):
+        return v.partition("+")[2]
+
+    splits = {s.name: s for s in DataConfig().splits}
+    wide, control = splits["train_longform_voices"], splits["train_longform_voices_c"]
+    assert wide.voices == WIDE_VOICES and wide.rate_bands == WIDE_RATE_BANDS
+    assert len(set(WIDE_VOICES)) == len(WIDE_VOICES) == 16
+    assert {variant(v) for v in WIDE_VOICES}.isdisjoint(
+        {variant(v) for v in VOICES + list(HELDOUT_VOICES)} - {""})
+    assert {v.partition("+")[0] for v in WIDE_VOICES} == {v.partition("+")[0] for v in VOICES}
+    (slow_lo, slow_hi), middle, (fast_lo, fast_hi) = WIDE_RATE_BANDS
+    assert middle == TRAIN_RATES and slow_hi < TRAIN_RATES[0] and fast_lo > TRAIN_RATES[1]
+    for lo, hi in HELDOUT_RATE_BANDS:
+        assert all(hi < a or lo > b for a, b in WIDE_RATE_BANDS), (lo, hi)
+    # every voice speaks in every band
+    assert wide.n_clips == len(WIDE_VOICES) * len(WIDE_RATE_BANDS)
+    assert (control.voices, control.rate_bands, control.pool, control.n_clips) == (
+        None, None, wide.pool, wide.n_clips)
 
 
 def test_a_complete_split_with_the_same_record_is_kept_and_any_change_regenerates(
