@@ -14,6 +14,8 @@ reads clip i of ``test_new``).
 Usage: python scripts/live_paired_wer.py RUN_FOLDER_OR_RUNS_PARQUET --baseline SUBSTRING
        python scripts/live_paired_wer.py EVAL_A.jsonl EVAL_B.jsonl ... --baseline SUBSTRING
        python scripts/live_paired_wer.py EVAL.jsonl --by-split --baseline EVAL:test_new
+       python scripts/live_paired_wer.py A.jsonl B.jsonl --by-split --baseline B:test_new \
+           --contrast A:test_new A:test_new_train_both B:test_new B:test_new_train_both
        [--n-boot 10000] [--seed 0]
 """
 
@@ -39,6 +41,29 @@ def paired_table(runs: pl.DataFrame, baseline: str, n_boot: int = 10000, seed: i
     base = [lab for lab in labels if lab == baseline] or [lab for lab in labels if baseline in lab]
     if len(base) != 1:
         raise ValueError(f"--baseline {baseline!r} matches {len(base)} methods (need 1): {', '.join(base)}")
+    errors, words = clip_counts(runs, labels)
+    n = len(next(iter(errors.values())))
+    draws = bootstrap_draws(n, n_boot, seed)
+    wer = corpus_wer(errors, words)
+
+    out = []
+    for lab in labels:
+        diff = bootstrap(lambda d, lab=lab: wer(lab, d) - wer(base[0], d), n, draws)
+        out.append({"label": lab, "clips": n, "wer": wer(lab, np.arange(n)),
+                    "diff": diff.value, "diff_low": diff.low, "diff_high": diff.high})
+    return pl.DataFrame(out)
+
+
+def corpus_wer(errors: dict, words: dict):
+    """``wer(label, draw)``: the corpus WER of a label over the clips of one resample."""
+    def wer(lab: str, d: np.ndarray) -> float:
+        return float(errors[lab][d].sum() / words[lab][d].sum())
+    return wer
+
+
+def clip_counts(runs: pl.DataFrame, labels: list[str]) -> tuple[dict, dict]:
+    """Each label's errors and reference words per clip, in one clip order for all (every
+    label must have decoded every clip: the pairing needs all)."""
     clips = sorted(set(runs["input"].to_list()))
     errors, words = {}, {}
     for lab in labels:
@@ -47,17 +72,27 @@ def paired_table(runs: pl.DataFrame, baseline: str, n_boot: int = 10000, seed: i
             raise ValueError(f"{lab}: decoded {rows.height} of the {len(clips)} clips; the pairing needs all")
         errors[lab] = rows["wer_errors"].to_numpy().astype(np.float64)
         words[lab] = rows["ref_words"].to_numpy().astype(np.float64)
-    draws = bootstrap_draws(len(clips), n_boot, seed)
+    return errors, words
 
-    def wer(lab: str, d: np.ndarray) -> float:
-        return float(errors[lab][d].sum() / words[lab][d].sum())
 
-    out = []
+def contrast(runs: pl.DataFrame, labels: tuple[str, str, str, str], n_boot: int = 10000,
+             seed: int = 0):
+    """``(A - B) - (C - D)`` of the corpus WERs of methods ``labels`` = (A, B, C, D), with its
+    clip-bootstrap 95% interval: the same clips resampled for all four, so that one arm's gap
+    between a split and its re-spoken twin is compared with another arm's (a difference in
+    differences). Returns the ``bootstrap`` estimate (``value``, ``low``, ``high``)."""
+    runs = method_labels(runs)
+    known = set(runs["label"].to_list())
     for lab in labels:
-        diff = bootstrap(lambda d, lab=lab: wer(lab, d) - wer(base[0], d), len(clips), draws)
-        out.append({"label": lab, "clips": len(clips), "wer": wer(lab, np.arange(len(clips))),
-                    "diff": diff.value, "diff_low": diff.low, "diff_high": diff.high})
-    return pl.DataFrame(out)
+        if lab not in known:
+            raise ValueError(f"--contrast: no method {lab!r} (methods: {', '.join(sorted(known))})")
+    errors, words = clip_counts(runs, list(dict.fromkeys(labels)))
+    n = len(errors[labels[0]])
+    wer = corpus_wer(errors, words)
+
+    a, b, c, d_ = labels
+    return bootstrap(lambda d: (wer(a, d) - wer(b, d)) - (wer(c, d) - wer(d_, d)), n,
+                     bootstrap_draws(n, n_boot, seed))
 
 
 def method_labels(runs: pl.DataFrame) -> pl.DataFrame:
@@ -119,17 +154,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--by-split", action="store_true",
                     help="evaluation files: each split a method (FILE:SPLIT), clips paired by "
                     "their number (a split against its re-spoken twins)")
+    ap.add_argument("--contrast", nargs=4, metavar=("A", "B", "C", "D"),
+                    help="also print (A - B) - (C - D) with its paired interval: one arm's gap "
+                    "between a split and its twin against another's")
     ap.add_argument("--n-boot", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     where = ", ".join(map(str, a.runs))
     try:
-        table = paired_table(read_runs(a.runs, a.by_split), a.baseline, a.n_boot, a.seed)
+        runs = read_runs(a.runs, a.by_split)
+        table = paired_table(runs, a.baseline, a.n_boot, a.seed)
+        gap = contrast(runs, tuple(a.contrast), a.n_boot, a.seed) if a.contrast else None
     except (OSError, ValueError, KeyError, json.JSONDecodeError, pl.exceptions.PolarsError) as exc:
         print(f"{where}: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     with pl.Config(tbl_rows=-1, fmt_str_lengths=90, tbl_width_chars=200):
         print(table)
+    if gap is not None:
+        A, B, C, D = a.contrast
+        print(f"({A} - {B}) - ({C} - {D}): {gap.value:+.4f} [{gap.low:+.4f}, {gap.high:+.4f}]")
     return 0
 
 

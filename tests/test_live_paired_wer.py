@@ -102,3 +102,28 @@ def test_by_split_pairs_a_split_with_its_twins_by_clip_number(tmp_path):
     assert set(plain["label"]) == {"x"} and plain["input"].n_unique() == 6
     with pytest.raises(ValueError, match="evaluation .jsonl files only"):
         script.read_runs([tmp_path], by_split=True)
+
+
+def test_contrast_is_the_difference_of_two_paired_differences(tmp_path, capsys):
+    """--contrast A B C D: (A - B) - (C - D) of corpus WERs, resampled over the same clips
+    (an arm's gap between a split and its twin, against another arm's)."""
+    runs = _runs([("c0", "v:new", 6, 10), ("c1", "v:new", 4, 20), ("c2", "v:new", 9, 30),
+                  ("c0", "v:twin", 2, 10), ("c1", "v:twin", 4, 20), ("c2", "v:twin", 3, 30),
+                  ("c0", "c:new", 7, 10), ("c1", "c:new", 8, 20), ("c2", "c:new", 12, 30),
+                  ("c0", "c:twin", 2, 10), ("c1", "c:twin", 4, 20), ("c2", "c:twin", 3, 30)])
+    script = _script()
+    c = script.contrast(runs, ("v:new", "v:twin", "c:new", "c:twin"), n_boot=500)
+    # gaps: v (19 - 9) / 60, c (27 - 9) / 60
+    assert c.value == pytest.approx(10 / 60 - 18 / 60)
+    # v's gap is at most c's on every clip: no resample can reverse the sign
+    assert c.low <= c.value <= c.high <= 0.0
+    # a contrast of an arm with itself is exactly zero on every resample
+    same = script.contrast(runs, ("v:new", "v:twin", "v:new", "v:twin"), n_boot=50)
+    assert same.value == same.low == same.high == 0.0
+    with pytest.raises(ValueError, match="no method 'x:new'"):
+        script.contrast(runs, ("x:new", "v:twin", "c:new", "c:twin"))
+    runs.write_parquet(tmp_path / "runs.parquet")
+    assert script.main([str(tmp_path), "--baseline", "c:twin",
+                        "--contrast", "v:new", "v:twin", "c:new", "c:twin"]) == 0
+    out = capsys.readouterr().out
+    assert "(v:new - v:twin) - (c:new - c:twin): -0.1333 [" in out
