@@ -24,12 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from kvsim.studies.fidelity_stats import bootstrap, bootstrap_draws
+from kvsim.studies.fidelity_stats import Interval, bootstrap, bootstrap_draws
 
 
 def paired_table(runs: pl.DataFrame, baseline: str, n_boot: int = 10000, seed: int = 0) -> pl.DataFrame:
@@ -54,7 +55,7 @@ def paired_table(runs: pl.DataFrame, baseline: str, n_boot: int = 10000, seed: i
     return pl.DataFrame(out)
 
 
-def corpus_wer(errors: dict, words: dict):
+def corpus_wer(errors: dict, words: dict) -> Callable[[str, np.ndarray], float]:
     """``wer(label, draw)``: the corpus WER of a label over the clips of one resample."""
     def wer(lab: str, d: np.ndarray) -> float:
         return float(errors[lab][d].sum() / words[lab][d].sum())
@@ -76,7 +77,7 @@ def clip_counts(runs: pl.DataFrame, labels: list[str]) -> tuple[dict, dict]:
 
 
 def contrast(runs: pl.DataFrame, labels: tuple[str, str, str, str], n_boot: int = 10000,
-             seed: int = 0):
+             seed: int = 0) -> Interval:
     """``(A - B) - (C - D)`` of the corpus WERs of methods ``labels`` = (A, B, C, D), with its
     clip-bootstrap 95% interval: the same clips resampled for all four, so that one arm's gap
     between a split and its re-spoken twin is compared with another arm's (a difference in
