@@ -40,7 +40,7 @@ from pathlib import Path
 
 from kvsim.trace.atomic import atomic_file
 
-from .clip_audio import ClipAssembly
+from .clip_audio import SAMPLE_RATE, ClipAssembly
 from .extra_text import (
     EXTRA_FORTUNE_FILES,
     WORDNET_DIR,
@@ -306,13 +306,10 @@ def make_clip(tts, pool: list[str], cursor: int, rng: random.Random, min_s: floa
         syn = tts.synth(text, voice=voice, rate=rate, pitch=pitch)
         if len(syn.words) != len(text.split()) or syn.audio.size == 0:
             continue  # espeak's word events disagree with the text: skip this fortune
-        dur = syn.audio.size / 16000
-        if clip.t + dur > max_s:
-            if clip.t > min_s or dur > max_s:
-                if clip.t > min_s:
-                    break
-                continue
-            continue
+        if clip.t + syn.audio.size / SAMPLE_RATE > max_s:
+            if clip.t > min_s:
+                break
+            continue  # too long to fit: try the next fortune
         clip.speech(syn)
         texts.append(text)
         if clip.t >= target:
@@ -400,7 +397,7 @@ def _generate_split(out: Path, cfg: DataConfig, spec: SplitSpec) -> None:
     for i, clip in enumerate(tqdm(clips, total=spec.n_clips, desc=spec.name, mininterval=5)):
         cid = f"{spec.name}-{i:05d}"
         rel = f"audio/{spec.name}/{cid}.flac"
-        sf.write(out / rel, clip.pop("audio"), 16000, subtype="PCM_16")
+        sf.write(out / rel, clip.pop("audio"), SAMPLE_RATE, subtype="PCM_16")
         dur = sf.info(out / rel).duration
         rows.append({"id": cid, "split": spec.name, "audio_path": rel, "duration": dur, **clip})
     # the split's manifest marks it complete: written whole or not at all
