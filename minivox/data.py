@@ -6,7 +6,8 @@ fortune is cleaned (ASCII, no digits or markup, attributions dropped) and dedupl
 fortunes are assigned to exactly one split by a seeded shuffle, so splits never share text.
 The ``train_wide`` split adds distinct training-only text from WordNet and the ``anarchism``
 fortunes (:mod:`kvsim.minivox.extra_text`; Debian packages ``wordnet-base``,
-``fortune-anarchism``), none of it inside a held-out text. The ``test_new`` split reads a
+``fortune-anarchism``), none of it inside a held-out text; ``train_longform_book`` reads one
+novel in order (:mod:`kvsim.minivox.book_text`, from the brotli sdist). The ``test_new`` split reads a
 source and register no training split uses (report prose from the brotli sdist,
 :mod:`kvsim.minivox.heldout_text`), with voices and speaking rates held out of training; its
 three re-spoken twins (``test_new_train_voice``, ``_train_rate``, ``_train_both``) read its
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from kvsim.trace.atomic import atomic_file
 
+from .book_text import load_book_pool, read_book
 from .clip_audio import SAMPLE_RATE, ClipAssembly
 from .extra_text import (
     EXTRA_FORTUNE_FILES,
@@ -48,7 +50,7 @@ from .extra_text import (
     load_extra_texts,
     missing_sources,
 )
-from .heldout_text import load_heldout_pool, read_source
+from .heldout_text import load_heldout_pool, prose_sentences, read_source
 
 FORTUNE_DIR = Path("/usr/share/games/fortunes")
 # Voices x variants available in espeak-ng's standard data (no mbrola needed).
@@ -91,8 +93,9 @@ class SplitSpec:
     min_s: float
     max_s: float
     # text pool to draw from: a split's fortunes (default: ``name``), "extra" (training
-    # only: WordNet sentences and the anarchism fortunes, see :mod:`.extra_text`) or "prose"
-    # (held-out report prose in reading order, see :mod:`.heldout_text`)
+    # only: WordNet sentences and the anarchism fortunes, see :mod:`.extra_text`), "prose"
+    # (held-out report prose in reading order, see :mod:`.heldout_text`) or "book"
+    # (training only: a novel in reading order, see :mod:`.book_text`)
     pool: str | None = None
     # fixed voices and rate bands (clip i: voices[i % n], band (i // n) % len(bands), see
     # clip_voice_and_rates); None: a random training voice, a rate in TRAIN_RATES
@@ -134,6 +137,9 @@ class DataConfig:
         SplitSpec("train_longform_voices", 48, 60.0, 240.0, pool="extra", start=0.9,
                   voices=WIDE_VOICES, rate_bands=WIDE_RATE_BANDS),
         SplitSpec("train_longform_voices_c", 48, 60.0, 240.0, pool="extra", start=0.9),
+        # continuous narrative (one book in reading order) in training's voices and rates:
+        # against train_longform_voices_c, the text source alone changes
+        SplitSpec("train_longform_book", 48, 60.0, 240.0, pool="book"),
         SplitSpec("dev", 24, 8.0, 29.0),
         SplitSpec("test_30_60", 20, 30.0, 60.0),
         # 32 clips (8 until 2026-12-03: clip i depends only on (seed, split, i) and the
@@ -160,6 +166,8 @@ class DataConfig:
     heldout_text: str | None = None
 
 
+# pools read in reading order, clip i from unit i x len(pool) / n_clips on (never shuffled)
+READING_ORDER_POOLS = ("prose", "book")
 _WS = re.compile(r"\s+")
 _BAD = re.compile(r"[0-9<>{}\[\]|\\/_@#$%^*=~+&]")
 
@@ -346,15 +354,21 @@ def _drawn_clips(cfg: DataConfig, spec: SplitSpec, tts) -> Iterator[dict]:
     elif spec.pool == "extra":
         heldout = [t for name in cfg.heldout_share for t in texts[name]]
         pool = load_extra_texts(fortunes, heldout, FORTUNE_DIR)
+    elif spec.pool == "book":
+        # none of it inside, around or equal to a held-out fortune or a sentence of test_new's
+        # source (all of it, before test_new's own filter)
+        heldout = [t for name in cfg.heldout_share for t in texts[name]]
+        heldout += prose_sentences(read_source(cfg.heldout_text))
+        pool = load_book_pool(heldout, cfg.heldout_text)
     else:
         pool = list(texts[spec.pool or spec.name])
-    if spec.pool != "prose":
+    if spec.pool not in READING_ORDER_POOLS:
         random.Random(cfg.seed + 1 + (spec.pool is not None)).shuffle(pool)
     cursor = int(spec.start * len(pool))
     for i in range(spec.n_clips):
         rng = random.Random(_clip_seed(cfg.seed, spec.name, i))
         voice, rates = clip_voice_and_rates(spec, i)
-        if spec.pool == "prose":
+        if spec.pool in READING_ORDER_POOLS:
             # passages spread over the text in reading order, none overlapping the last
             cursor = max(cursor, i * len(pool) // spec.n_clips)
         res = make_clip(tts, pool, cursor, rng, spec.min_s, spec.max_s, voice, rates)
@@ -437,12 +451,20 @@ def missing_inputs(cfg: DataConfig, splits: list[str] | None = None,
         problems.append(problem)
     if any(s.pool in ("extra", "prose") for s in wanted):
         problems += missing_sources(fortune_root, wordnet_root)
-    if any(s.pool == "prose" for s in wanted):
+    for reader in _text_readers(wanted):
         try:
-            read_source(cfg.heldout_text)
+            reader(cfg.heldout_text)
         except (OSError, ValueError, tarfile.TarError) as exc:
             problems.append(str(exc))
     return problems
+
+
+def _text_readers(wanted: list[SplitSpec]) -> list:
+    """The brotli-sdist texts ``wanted``'s pools read: ``test_new``'s source for ``prose``
+    and ``book`` (a book unit must share no text with it), the book for ``book``."""
+    pools = {s.pool for s in wanted}
+    readers = [read_source] if pools & {"prose", "book"} else []
+    return readers + ([read_book] if "book" in pools else [])
 
 
 def _missing_respeak_sources(wanted: list[SplitSpec], out: Path | None) -> list[str]:

@@ -58,33 +58,45 @@ def default_source() -> Path:
     return kvsim_cache("minivox", SDIST_NAME)
 
 
-def read_source(path: str | Path | None = None) -> str:
-    """The text of ``lcet10.txt``, from the brotli sdist (``.tar.gz``), the extracted file,
-    or a folder holding either; checked against :data:`SHA256`."""
+def read_testdata(path: str | Path | None, filename: str, sha256: str) -> str:
+    """The text of ``tests/testdata/<filename>`` of the brotli sdist, checked against
+    ``sha256``. ``path``: the sdist (``.tar.gz``), the extracted file, another file of the
+    same folder (the file is read beside it), or a folder holding the sdist or the file;
+    None: :func:`default_source`."""
     p = Path(path) if path is not None else default_source()
+    if p.is_file() and p.name not in (SDIST_NAME, filename):
+        p = p.parent
+    member = f"brotli-{BROTLI_VERSION}/tests/testdata/{filename}"
     if p.is_dir():
-        for cand in (p / SDIST_NAME, p / "lcet10.txt", p / MEMBER):
+        for cand in (p / SDIST_NAME, p / filename, p / member):
             if cand.is_file():
                 p = cand
                 break
     if not p.is_file():
-        raise FileNotFoundError(f"{p}: held-out text source not found; fetch it with: {DOWNLOAD}")
+        raise FileNotFoundError(f"{p}: {filename} (brotli {BROTLI_VERSION} sdist) not found; "
+                                f"fetch it with: {DOWNLOAD}")
     if p.name.endswith(".tar.gz"):
         with tarfile.open(p) as tf:
             try:
-                member = tf.extractfile(MEMBER)
+                handle = tf.extractfile(member)
             except KeyError:
-                member = None
-            if member is None:
-                raise FileNotFoundError(f"{p}: no {MEMBER}")
-            data = member.read()
+                handle = None
+            if handle is None:
+                raise FileNotFoundError(f"{p}: no {member}")
+            data = handle.read()
     else:
         data = p.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    if digest != SHA256:
-        raise ValueError(f"{p}: lcet10.txt has SHA-256 {digest}, expected {SHA256} "
+    if digest != sha256:
+        raise ValueError(f"{p}: {filename} has SHA-256 {digest}, expected {sha256} "
                          f"(brotli {BROTLI_VERSION})")
     return data.decode("ascii")
+
+
+def read_source(path: str | Path | None = None) -> str:
+    """The text of ``lcet10.txt``, from the brotli sdist (``.tar.gz``), the extracted file,
+    or a folder holding either; checked against :data:`SHA256`."""
+    return read_testdata(path, "lcet10.txt", SHA256)
 
 
 def split_sentences(text: str) -> list[str]:
