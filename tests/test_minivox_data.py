@@ -299,3 +299,50 @@ def test_source_digests_follow_the_bytes_of_the_files_each_pool_reads(tmp_path):
     assert source_digests(extra, fortunes, wordnet)["wordnet"] != first["w"]["wordnet"]
     (fortunes / "art.dat").write_bytes(b"\x00\x02")
     assert source_digests(plain, fortunes, wordnet)["fortunes"] != first["dev"]["fortunes"]
+
+
+class _ScriptedTTS:
+    """A stand-in for ESpeak whose word events are given per text: 1 s of noise per text."""
+
+    def __init__(self, events: dict[str, list[str]]):
+        self.events = events
+
+    def synth(self, text, voice="en-us", rate=160, pitch=50):
+        from kvsim.minivox.espeak import Synthesis
+
+        words = self.events[text]
+        n = len(words)
+        audio = np.random.default_rng(0).uniform(-0.1, 0.1, 16000).astype(np.float32)
+        return Synthesis(audio=audio, words=words, starts=[i / n for i in range(n)],
+                         ends=[(i + 1) / n for i in range(n)])
+
+
+def test_exact_words_skips_a_text_whose_espeak_words_only_count_the_same():
+    """A joined word and a split token can cancel out (9 clips of the corpus): counting the
+    words keeps such a text with its words one off; comparing them skips it."""
+    import random
+
+    from kvsim.minivox.data import make_clip, words_agree
+
+    off = "Dinah was the cat. I hope."
+    good = "Alice had no idea at all."
+    tts = _ScriptedTTS({off: ["Dinah", "was", "cat", "I", "ho", "pe"],
+                        good: ["Alice", "had", "no", "idea", "at", "all"]})
+    assert words_agree(tts.events[off], off, exact=False)
+    assert not words_agree(tts.events[off], off, exact=True)
+    assert words_agree(tts.events[good], good, exact=True)
+    clip, _ = make_clip(tts, [off, good], 0, random.Random(0), 0.5, 1.8)
+    assert clip["text"] == off and clip["words"] == tts.events[off]  # the legacy check
+    clip, cursor = make_clip(tts, [off, good], 0, random.Random(0), 0.5, 1.8, exact_words=True)
+    assert clip["text"] == good and cursor == 2
+    assert clip["words"] == [w.strip(".") for w in good.split()]
+
+
+def test_only_splits_made_with_the_exact_check_record_it():
+    from kvsim.minivox.data import split_record
+
+    splits = {s.name: s for s in DataConfig().splits}
+    book = split_record(DataConfig(), splits["train_longform_book"], {}, "1.51")
+    assert book["spec"]["exact_words"] is True
+    assert not any(s.exact_words for s in DataConfig().splits if s.name != "train_longform_book")
+    assert "exact_words" not in split_record(DataConfig(), splits["dev"], {}, "1.51")["spec"]
