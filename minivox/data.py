@@ -7,9 +7,9 @@ fortunes are assigned to exactly one split by a seeded shuffle, so splits never 
 The ``train_wide`` split adds distinct training-only text from WordNet and the ``anarchism``
 fortunes (:mod:`kvsim.minivox.extra_text`; Debian packages ``wordnet-base``,
 ``fortune-anarchism``), none of it inside a held-out text; ``train_longform_book`` reads one
-novel in order (:mod:`kvsim.minivox.book_text`, from the brotli sdist). The ``test_new`` split reads a
-source and register no training split uses (report prose from the brotli sdist,
-:mod:`kvsim.minivox.heldout_text`), with voices and speaking rates held out of training; its
+novel in order (:mod:`kvsim.minivox.book_text`, from the brotli sdist). The ``test_new``
+split reads a source and register no training split uses (report prose from the brotli
+sdist, :mod:`kvsim.minivox.heldout_text`), with voices and speaking rates held out of training; its
 three re-spoken twins (``test_new_train_voice``, ``_train_rate``, ``_train_both``) read its
 words again with the voice, the rate or both moved to the nearest training condition
 (:mod:`kvsim.minivox.respeak`).

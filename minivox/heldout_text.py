@@ -35,7 +35,14 @@ from kvsim.cache import kvsim_cache
 
 BROTLI_VERSION = "1.2.1"
 SDIST_NAME = f"brotli-{BROTLI_VERSION}.tar.gz"
-MEMBER = f"brotli-{BROTLI_VERSION}/tests/testdata/lcet10.txt"
+
+
+def testdata_member(filename: str) -> str:
+    """The path of ``tests/testdata/<filename>`` inside the brotli sdist."""
+    return f"brotli-{BROTLI_VERSION}/tests/testdata/{filename}"
+
+
+MEMBER = testdata_member("lcet10.txt")
 SHA256 = "5314ba1dbb03f471df88bec6cd120a938ef60d0fd3511c5c1dce61bf7463245f"
 DOWNLOAD = (f"pip download --no-deps --no-binary :all: brotli=={BROTLI_VERSION} "
             "-d ~/.cache/kvsim/minivox")
@@ -66,7 +73,7 @@ def read_testdata(path: str | Path | None, filename: str, sha256: str) -> str:
     p = Path(path) if path is not None else default_source()
     if p.is_file() and p.name not in (SDIST_NAME, filename):
         p = p.parent
-    member = f"brotli-{BROTLI_VERSION}/tests/testdata/{filename}"
+    member = testdata_member(filename)
     if p.is_dir():
         for cand in (p / SDIST_NAME, p / filename, p / member):
             if cand.is_file():

@@ -95,7 +95,7 @@ def test_read_book_checks_its_digest_and_finds_the_file_beside_test_news(tmp_pat
 def _sdist(tmp_path: Path, text: bytes) -> Path:
     path = tmp_path / H.SDIST_NAME
     with tarfile.open(path, "w:gz") as tf:
-        info = tarfile.TarInfo(f"brotli-{H.BROTLI_VERSION}/tests/testdata/{B.FILENAME}")
+        info = tarfile.TarInfo(H.testdata_member(B.FILENAME))
         info.size = len(text)
         tf.addfile(info, io.BytesIO(text))
     return path
