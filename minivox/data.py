@@ -9,10 +9,10 @@ fortunes (:mod:`kvsim.minivox.extra_text`; Debian packages ``wordnet-base``,
 ``fortune-anarchism``), none of it inside a held-out text; ``train_longform_book`` reads one
 novel in order (:mod:`kvsim.minivox.book_text`, from the brotli sdist). The ``test_new``
 split reads a source and register no training split uses (report prose from the brotli
-sdist, :mod:`kvsim.minivox.heldout_text`), with voices and speaking rates held out of training; its
-three re-spoken twins (``test_new_train_voice``, ``_train_rate``, ``_train_both``) read its
-words again with the voice, the rate or both moved to the nearest training condition
-(:mod:`kvsim.minivox.respeak`).
+sdist, :mod:`kvsim.minivox.heldout_text`), with voices and speaking rates held out of
+training; its three re-spoken twins (``test_new_train_voice``, ``_train_rate``,
+``_train_both``) read its words again with the voice, the rate or both moved to the nearest
+training condition (:mod:`kvsim.minivox.respeak`).
 
 Speech: libespeak-ng (see :mod:`kvsim.minivox.espeak`) with several voices, speaking
 rates and pitches; a clip concatenates consecutive fortunes of its split with natural
@@ -291,6 +291,12 @@ def split_texts(texts: list[str], cfg: DataConfig) -> dict[str, list[str]]:
     return out
 
 
+def heldout_fortunes(texts: dict[str, list[str]], cfg: DataConfig) -> list[str]:
+    """The fortunes of every held-out split of :func:`split_texts`' ``texts``: what no
+    training pool may contain."""
+    return [t for name in cfg.heldout_share for t in texts[name]]
+
+
 def _clip_seed(seed: int, split: str, idx: int) -> int:
     h = hashlib.sha256(f"{seed}/{split}/{idx}".encode()).digest()
     return int.from_bytes(h[:8], "little")
@@ -369,13 +375,11 @@ def _drawn_clips(cfg: DataConfig, spec: SplitSpec, tts) -> Iterator[dict]:
         training = fortunes + load_extra_texts(fortunes, [], FORTUNE_DIR)
         pool = load_heldout_pool(training, cfg.heldout_text)
     elif spec.pool == "extra":
-        heldout = [t for name in cfg.heldout_share for t in texts[name]]
-        pool = load_extra_texts(fortunes, heldout, FORTUNE_DIR)
+        pool = load_extra_texts(fortunes, heldout_fortunes(texts, cfg), FORTUNE_DIR)
     elif spec.pool == "book":
         # none of it inside, around or equal to a held-out fortune or a sentence of test_new's
         # source (all of it, before test_new's own filter)
-        heldout = [t for name in cfg.heldout_share for t in texts[name]]
-        heldout += prose_sentences(read_source(cfg.heldout_text))
+        heldout = heldout_fortunes(texts, cfg) + prose_sentences(read_source(cfg.heldout_text))
         pool = load_book_pool(heldout, cfg.heldout_text)
     else:
         pool = list(texts[spec.pool or spec.name])

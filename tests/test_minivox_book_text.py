@@ -133,8 +133,7 @@ def _real_pool() -> tuple[list[str], list[str]]:
     try:
         source, fortunes = H.read_source(), D.load_fortunes()
         texts = D.split_texts(fortunes, D.DataConfig())
-        heldout = [t for name in D.DataConfig().heldout_share for t in texts[name]]
-        heldout += H.prose_sentences(source)
+        heldout = D.heldout_fortunes(texts, D.DataConfig()) + H.prose_sentences(source)
         return B.load_book_pool(heldout), heldout
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
