@@ -26,6 +26,7 @@ _INIT_PHONEME_EVENTS = 0x0001
 _POS_CHARACTER = 1
 _CHARS_UTF8 = 1
 _RATE, _PITCH, _RANGE, _WORDGAP = 1, 3, 4, 7
+_PHONEME_SPACES = ord(" ") << 8  # espeak_TextToPhonemes: phonemes separated by spaces
 
 
 class _EventId(ctypes.Union):
@@ -110,7 +111,7 @@ class ESpeak:
         return 0
 
     def synth(self, text: str, voice: str = "en-us", rate: int = 160, pitch: int = 50,
-              word_gap: int = 0) -> Synthesis:
+              word_gap: int = 0, time_joined: bool = False) -> Synthesis:
         """Synthesise ``text``; returns 16 kHz float audio and per-word timings.
 
         Parameters
@@ -125,6 +126,11 @@ class ESpeak:
             Base pitch 0-100.
         word_gap : int
             Extra pause between words in units of 10 ms.
+        time_joined : bool
+            Time the words espeak-ng speaks joined to the word before, which get no word
+            event of their own (about one sentence in three has one, mostly "the" and "a"),
+            by splitting the joined phonemes at each word's phoneme count spoken alone
+            (:func:`split_points`). False leaves them out of ``words``.
         """
         with self._lock:
             if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
@@ -142,9 +148,27 @@ class ESpeak:
             self.lib.espeak_Synchronize()
             pcm = (np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16))
             events = list(self._events)
+            counts = self._phoneme_counts(text) if time_joined else None
         audio = resample_poly(pcm.astype(np.float32) / 32768.0, 320, 441).astype(np.float32)
-        words, starts, ends = _word_times(text, events, len(audio) / 16000.0)
+        words, starts, ends = _word_times(text, events, len(audio) / 16000.0, counts)
         return Synthesis(audio=audio, words=words, starts=starts, ends=ends)
+
+    def _phoneme_counts(self, text: str) -> list[int]:
+        """Each whitespace token's number of phonemes spoken alone in the current voice
+        (``espeak_TextToPhonemes``, phonemes separated by spaces); 0 for punctuation."""
+        convert = self.lib.espeak_TextToPhonemes
+        convert.restype = ctypes.c_char_p
+        convert.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
+        counts = []
+        for token in text.split():
+            word = token.strip(_PUNCT).encode("utf-8")
+            buf = ctypes.create_string_buffer(word)
+            ptr = ctypes.c_void_p(ctypes.addressof(buf))
+            n = 0
+            while word and ptr.value:  # one clause per call; the pointer ends as NULL
+                n += len((convert(ctypes.byref(ptr), _CHARS_UTF8, _PHONEME_SPACES) or b"").split())
+            counts.append(n)
+        return counts
 
 
 def _is_pause(ph: bytes) -> bool:
@@ -152,41 +176,85 @@ def _is_pause(ph: bytes) -> bool:
     return p == b"" or p.startswith(b"_")
 
 
-def _word_times(text: str, events, total: float) -> tuple[list[str], list[float], list[float]]:
-    """Word strings and [start, end) seconds from espeak word and phoneme events."""
-    raw = text.encode("utf-8")
-    # Indices of word events in the event stream.
+def _event_groups(raw: bytes, tokens: list[tuple[int, int]], events,
+                  total: float) -> list[tuple[int, list[float], float]]:
+    """Each word event's text token, its non-pause phonemes' onsets and its end (seconds).
+
+    A word starts at its first non-pause phoneme and ends where the event after its last
+    one begins; an event without phonemes is a point at its own audio position."""
     widx = [i for i, e in enumerate(events) if e[0] == _EV_WORD]
-    words, starts, ends = [], [], []
-    tokens = [(m.start(), m.end()) for m in re.finditer(rb"\S+", raw)]
-    last_tok = -1
+    groups = []
     for k, i in enumerate(widx):
-        _, pos, length, apos, _ = events[i]
+        pos = events[i][1]
         tok = next((t for t, (a, b) in enumerate(tokens) if a <= pos - 1 < b), None)
         if tok is None:
             continue
-        a, b = tokens[tok]
-        word = raw[a:b].decode("utf-8", "replace").strip(_PUNCT)
         stop = widx[k + 1] if k + 1 < len(widx) else len(events)
         phon = [(j, e) for j, e in enumerate(events[i + 1 : stop], start=i + 1)
                 if e[0] == _EV_PHONEME and not _is_pause(e[4])]
         if phon:
-            start = phon[0][1][3] / 1000.0
-            last = phon[-1][0]
-            nxt = [e[3] for e in events[last + 1 :] if e[0] in (_EV_PHONEME, _EV_WORD, _EV_END,
-                                                               _EV_MSG_TERMINATED)]
+            onsets = [min(e[3] / 1000.0, total) for _, e in phon]
+            nxt = [e[3] for e in events[phon[-1][0] + 1 :]
+                   if e[0] in (_EV_PHONEME, _EV_WORD, _EV_END, _EV_MSG_TERMINATED)]
             end = (nxt[0] / 1000.0) if nxt else total
         else:
-            start = apos / 1000.0
-            end = start
-        start, end = min(start, total), min(max(end, start), total)
+            onsets = [min(events[i][3] / 1000.0, total)]
+            end = onsets[0]
+        groups.append((tok, onsets, min(max(end, onsets[0]), total)))
+    return groups
+
+
+def split_points(n_phonemes: int, counts: list[int]) -> list[int] | None:
+    """Where each word after the first of a joined group begins, as phoneme indices.
+
+    ``counts`` are the words' phoneme counts spoken alone: where they add up to the group's
+    ``n_phonemes`` the points are exact; otherwise they are the counts' proportions of the
+    group, rounded, each word keeping at least one phoneme. None where the group has fewer
+    phonemes than words."""
+    n = len(counts)
+    if n_phonemes < n:
+        return None
+    weights = [max(c, 1) for c in counts]
+    total, cum, low, points = sum(weights), 0, 1, []
+    for j, w in enumerate(weights[:-1], start=1):
+        cum += w
+        point = min(max(round(n_phonemes * cum / total), low), n_phonemes - (n - j))
+        points.append(point)
+        low = point + 1
+    return points
+
+
+def _word_times(text: str, events, total: float,
+                counts: list[int] | None = None) -> tuple[list[str], list[float], list[float]]:
+    """Word strings and [start, end) seconds from espeak word and phoneme events.
+
+    espeak-ng emits no word event for some unstressed words it speaks joined to the word
+    before ("was the", "I shall"): their phonemes follow that word's event. With ``counts``
+    (each text token's phoneme count spoken alone, :meth:`ESpeak.phoneme_counts`) such a
+    group is split among its words at :func:`split_points`; without, the joined words are
+    left out of the list (as every split made before 2026-12-06 has them)."""
+    raw = text.encode("utf-8")
+    tokens = [(m.start(), m.end()) for m in re.finditer(rb"\S+", raw)]
+    token_words = [raw[a:b].decode("utf-8", "replace").strip(_PUNCT) for a, b in tokens]
+    groups = _event_groups(raw, tokens, events, total)
+    words, starts, ends = [], [], []
+    last_tok = -1
+    for k, (tok, onsets, end) in enumerate(groups):
         if tok == last_tok and words:  # one token split into several espeak words
             ends[-1] = max(ends[-1], end)
             continue
-        if not word:
+        if not token_words[tok]:
             continue
         last_tok = tok
-        words.append(word)
-        starts.append(start)
-        ends.append(end)
+        nxt = groups[k + 1][0] if k + 1 < len(groups) else len(tokens)
+        joined = [t for t in range(tok + 1, nxt) if token_words[t]]
+        points = (split_points(len(onsets), [counts[t] for t in [tok, *joined]])
+                  if counts is not None and joined else None)
+        if points is None:
+            joined, points = [], []
+        bounds = [onsets[0], *(onsets[p] for p in points), end]
+        for j, t in enumerate([tok, *joined]):
+            words.append(token_words[t])
+            starts.append(bounds[j])
+            ends.append(bounds[j + 1])
     return words, starts, ends

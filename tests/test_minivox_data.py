@@ -307,7 +307,7 @@ class _ScriptedTTS:
     def __init__(self, events: dict[str, list[str]]):
         self.events = events
 
-    def synth(self, text, voice="en-us", rate=160, pitch=50):
+    def synth(self, text, voice="en-us", rate=160, pitch=50, time_joined=False):
         from kvsim.minivox.espeak import Synthesis
 
         words = self.events[text]
