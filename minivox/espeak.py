@@ -148,20 +148,20 @@ class ESpeak:
             self.lib.espeak_Synchronize()
             pcm = (np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16))
             events = list(self._events)
-            counts = self._phoneme_counts(text) if time_joined else None
+            counts = self.phoneme_counts(text) if time_joined else None
         audio = resample_poly(pcm.astype(np.float32) / 32768.0, 320, 441).astype(np.float32)
         words, starts, ends = _word_times(text, events, len(audio) / 16000.0, counts)
         return Synthesis(audio=audio, words=words, starts=starts, ends=ends)
 
-    def _phoneme_counts(self, text: str) -> list[int]:
-        """Each whitespace token's number of phonemes spoken alone in the current voice
-        (``espeak_TextToPhonemes``, phonemes separated by spaces); 0 for punctuation."""
+    def phoneme_counts(self, text: str) -> list[int]:
+        """Each of :func:`text_tokens`' words' number of phonemes spoken alone in the current
+        voice (``espeak_TextToPhonemes``, phonemes separated by spaces); 0 for punctuation."""
         convert = self.lib.espeak_TextToPhonemes
         convert.restype = ctypes.c_char_p
         convert.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
         counts = []
-        for token in text.split():
-            word = token.strip(_PUNCT).encode("utf-8")
+        for _, word in text_tokens(text.encode("utf-8")):
+            word = word.encode("utf-8")
             buf = ctypes.create_string_buffer(word)
             ptr = ctypes.c_void_p(ctypes.addressof(buf))
             n = 0
@@ -176,7 +176,14 @@ def _is_pause(ph: bytes) -> bool:
     return p == b"" or p.startswith(b"_")
 
 
-def _event_groups(raw: bytes, tokens: list[tuple[int, int]], events,
+def text_tokens(raw: bytes) -> list[tuple[tuple[int, int], str]]:
+    """The whitespace tokens of ``raw`` (UTF-8): each token's byte span and its word,
+    punctuation stripped (empty for a token of punctuation only)."""
+    return [((m.start(), m.end()), m.group().decode("utf-8", "replace").strip(_PUNCT))
+            for m in re.finditer(rb"\S+", raw)]
+
+
+def _event_groups(tokens: list[tuple[int, int]], events,
                   total: float) -> list[tuple[int, list[float], float]]:
     """Each word event's text token, its non-pause phonemes' onsets and its end (seconds).
 
@@ -230,13 +237,12 @@ def _word_times(text: str, events, total: float,
 
     espeak-ng emits no word event for some unstressed words it speaks joined to the word
     before ("was the", "I shall"): their phonemes follow that word's event. With ``counts``
-    (each text token's phoneme count spoken alone, :meth:`ESpeak.phoneme_counts`) such a
-    group is split among its words at :func:`split_points`; without, the joined words are
-    left out of the list (as every split made before 2026-12-06 has them)."""
-    raw = text.encode("utf-8")
-    tokens = [(m.start(), m.end()) for m in re.finditer(rb"\S+", raw)]
-    token_words = [raw[a:b].decode("utf-8", "replace").strip(_PUNCT) for a, b in tokens]
-    groups = _event_groups(raw, tokens, events, total)
+    (each of :func:`text_tokens`' phoneme count spoken alone, :meth:`ESpeak.phoneme_counts`)
+    such a group is split among its words at :func:`split_points`; without, the joined words
+    are left out of the list (as every split made before 2026-12-06 has them)."""
+    pairs = text_tokens(text.encode("utf-8"))
+    tokens, token_words = [span for span, _ in pairs], [word for _, word in pairs]
+    groups = _event_groups(tokens, events, total)
     words, starts, ends = [], [], []
     last_tok = -1
     for k, (tok, onsets, end) in enumerate(groups):

@@ -123,3 +123,11 @@ def test_only_splits_that_time_joined_words_record_it():
     assert "time_joined_words" not in split_record(DataConfig(), dev, {}, "1.51")["spec"]
     timed = split_record(DataConfig(), replace(dev, time_joined_words=True), {}, "1.51")
     assert timed["spec"]["time_joined_words"] is True
+
+
+def test_phoneme_counts_follow_the_text_tokens():
+    """One count per whitespace token (as ``_word_times`` indexes them), punctuation 0."""
+    tts = _espeak()
+    counts = tts.phoneme_counts("It was -- the best.")
+    assert len(counts) == 5 and counts[2] == 0
+    assert counts[1] == 3 and all(c > 0 for i, c in enumerate(counts) if i != 2)  # w V z
