@@ -16,6 +16,8 @@ Usage: python scripts/live_paired_wer.py RUN_FOLDER_OR_RUNS_PARQUET --baseline S
        python scripts/live_paired_wer.py EVAL.jsonl --by-split --baseline EVAL:test_new
        python scripts/live_paired_wer.py A.jsonl B.jsonl --by-split --baseline B:test_new \
            --contrast A:test_new A:test_new_train_both B:test_new B:test_new_train_both
+       python scripts/live_paired_wer.py P9.jsonl C9.jsonl P10.jsonl C10.jsonl --by-split \
+           --baseline C9:test_new --mean-difference P9:test_new C9:test_new P10:test_new C10:test_new
        [--n-boot 10000] [--seed 0]
 """
 
@@ -76,23 +78,41 @@ def clip_counts(runs: pl.DataFrame, labels: list[str]) -> tuple[dict, dict]:
     return errors, words
 
 
+def _paired_wer(runs: pl.DataFrame, labels: list[str], option: str) -> tuple[Callable, int]:
+    """The corpus-WER function of :func:`corpus_wer` over ``labels`` and the number of clips;
+    ValueError naming ``option`` for a label that is no method."""
+    runs = method_labels(runs)
+    known = set(runs["label"].to_list())
+    for lab in labels:
+        if lab not in known:
+            raise ValueError(f"{option}: no method {lab!r} (methods: {', '.join(sorted(known))})")
+    errors, words = clip_counts(runs, list(dict.fromkeys(labels)))
+    return corpus_wer(errors, words), len(errors[labels[0]])
+
+
 def contrast(runs: pl.DataFrame, labels: tuple[str, str, str, str], n_boot: int = 10000,
              seed: int = 0) -> Interval:
     """``(A - B) - (C - D)`` of the corpus WERs of methods ``labels`` = (A, B, C, D), with its
     clip-bootstrap 95% interval: the same clips resampled for all four, so that one arm's gap
     between a split and its re-spoken twin is compared with another arm's (a difference in
     differences). Returns the ``bootstrap`` estimate (``value``, ``low``, ``high``)."""
-    runs = method_labels(runs)
-    known = set(runs["label"].to_list())
-    for lab in labels:
-        if lab not in known:
-            raise ValueError(f"--contrast: no method {lab!r} (methods: {', '.join(sorted(known))})")
-    errors, words = clip_counts(runs, list(dict.fromkeys(labels)))
-    n = len(errors[labels[0]])
-    wer = corpus_wer(errors, words)
-
+    wer, n = _paired_wer(runs, list(labels), "--contrast")
     a, b, c, d_ = labels
     return bootstrap(lambda d: (wer(a, d) - wer(b, d)) - (wer(c, d) - wer(d_, d)), n,
+                     bootstrap_draws(n, n_boot, seed))
+
+
+def mean_difference(runs: pl.DataFrame, labels: list[str], n_boot: int = 10000,
+                    seed: int = 0) -> Interval:
+    """The mean over pairs of ``A_i - B_i`` (``labels`` = A1, B1, A2, B2, ...) of corpus WERs,
+    with its clip-bootstrap 95% interval, the same clips resampled for every pair: one arm
+    against another over several training seeds (A_i, B_i the two arms at seed i). The
+    interval is over clips only; the seeds' spread is in the pairs' own differences."""
+    if not labels or len(labels) % 2:
+        raise ValueError(f"--mean-difference: pairs A B, got {len(labels)} labels")
+    wer, n = _paired_wer(runs, labels, "--mean-difference")
+    pairs = list(zip(labels[::2], labels[1::2], strict=True))
+    return bootstrap(lambda d: sum(wer(a, d) - wer(b, d) for a, b in pairs) / len(pairs), n,
                      bootstrap_draws(n, n_boot, seed))
 
 
@@ -158,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--contrast", nargs=4, metavar=("A", "B", "C", "D"),
                     help="also print (A - B) - (C - D) with its paired interval: one arm's gap "
                     "between a split and its twin against another's")
+    ap.add_argument("--mean-difference", nargs="+", metavar="A B",
+                    help="also print the mean of A1 - B1, A2 - B2, ... with its paired "
+                    "interval: two arms over several training seeds")
     ap.add_argument("--n-boot", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
@@ -166,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = read_runs(a.runs, a.by_split)
         table = paired_table(runs, a.baseline, a.n_boot, a.seed)
         gap = contrast(runs, tuple(a.contrast), a.n_boot, a.seed) if a.contrast else None
+        mean = (mean_difference(runs, a.mean_difference, a.n_boot, a.seed)
+                if a.mean_difference else None)
     except (OSError, ValueError, KeyError, json.JSONDecodeError, pl.exceptions.PolarsError) as exc:
         print(f"{where}: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -174,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     if gap is not None:
         A, B, C, D = a.contrast
         print(f"({A} - {B}) - ({C} - {D}): {gap.value:+.4f} [{gap.low:+.4f}, {gap.high:+.4f}]")
+    if mean is not None:
+        pairs = a.mean_difference
+        terms = ", ".join(f"{x} - {y}" for x, y in zip(pairs[::2], pairs[1::2], strict=True))
+        print(f"mean of ({terms}): {mean.value:+.4f} [{mean.low:+.4f}, {mean.high:+.4f}]")
     return 0
 
 

@@ -127,3 +127,29 @@ def test_contrast_is_the_difference_of_two_paired_differences(tmp_path, capsys):
                         "--contrast", "v:new", "v:twin", "c:new", "c:twin"]) == 0
     out = capsys.readouterr().out
     assert "(v:new - v:twin) - (c:new - c:twin): -0.1333 [" in out
+
+
+def test_mean_difference_averages_each_seeds_paired_difference(tmp_path, capsys):
+    """--mean-difference A1 B1 A2 B2: the mean of A_i - B_i, on the same clip resamples; with
+    two pairs it is half of the contrast (A1 - B1) - (B2 - A2)."""
+    runs = _runs([("c0", "p9", 6, 10), ("c1", "p9", 4, 20), ("c2", "p9", 9, 30),
+                  ("c0", "v9", 2, 10), ("c1", "v9", 4, 20), ("c2", "v9", 3, 30),
+                  ("c0", "p10", 7, 10), ("c1", "p10", 8, 20), ("c2", "p10", 12, 30),
+                  ("c0", "v10", 3, 10), ("c1", "v10", 5, 20), ("c2", "v10", 9, 30)])
+    script = _script()
+    one = script.mean_difference(runs, ["p9", "v9"], n_boot=400)
+    assert one.value == pytest.approx((19 - 9) / 60)
+    two = script.mean_difference(runs, ["p9", "v9", "p10", "v10"], n_boot=400)
+    assert two.value == pytest.approx(((19 - 9) + (27 - 17)) / 120)
+    c = script.contrast(runs, ("p9", "v9", "v10", "p10"), n_boot=400)
+    assert (two.low, two.high) == pytest.approx((c.low / 2, c.high / 2))
+    # p is at least as bad as v on every clip of both seeds: no resample reverses the sign
+    assert 0.0 <= two.low <= two.value <= two.high
+    with pytest.raises(ValueError, match="pairs A B, got 3"):
+        script.mean_difference(runs, ["p9", "v9", "p10"])
+    with pytest.raises(ValueError, match="--mean-difference: no method 'x'"):
+        script.mean_difference(runs, ["x", "v9"])
+    runs.write_parquet(tmp_path / "runs.parquet")
+    assert script.main([str(tmp_path), "--baseline", "v9",
+                        "--mean-difference", "p9", "v9", "p10", "v10"]) == 0
+    assert "mean of (p9 - v9, p10 - v10): +0.1667 [" in capsys.readouterr().out
