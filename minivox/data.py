@@ -7,7 +7,9 @@ fortunes are assigned to exactly one split by a seeded shuffle, so splits never 
 The ``train_wide`` split adds distinct training-only text from WordNet and the ``anarchism``
 fortunes (:mod:`kvsim.minivox.extra_text`; Debian packages ``wordnet-base``,
 ``fortune-anarchism``), none of it inside a held-out text; ``train_longform_book`` reads one
-novel in order (:mod:`kvsim.minivox.book_text`, from the brotli sdist). The ``test_new``
+novel in order (:mod:`kvsim.minivox.book_text`, from the brotli sdist),
+``train_longform_novels`` four (:mod:`kvsim.minivox.novel_text`, from a Debian package's R
+data). The ``test_new``
 split reads a source and register no training split uses (report prose from the brotli
 sdist, :mod:`kvsim.minivox.heldout_text`), with voices and speaking rates held out of
 training; its three re-spoken twins (``test_new_train_voice``, ``_train_rate``,
@@ -35,8 +37,9 @@ import random
 import re
 import sys
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 from kvsim.trace.atomic import atomic_file
@@ -51,6 +54,7 @@ from .extra_text import (
     missing_sources,
 )
 from .heldout_text import load_heldout_pool, prose_sentences, read_source
+from .novel_text import load_novel_pool, rdata_problem, read_rda
 
 FORTUNE_DIR = Path("/usr/share/games/fortunes")
 # Voices x variants available in espeak-ng's standard data (no mbrola needed).
@@ -94,8 +98,9 @@ class SplitSpec:
     max_s: float
     # text pool to draw from: a split's fortunes (default: ``name``), "extra" (training
     # only: WordNet sentences and the anarchism fortunes, see :mod:`.extra_text`), "prose"
-    # (held-out report prose in reading order, see :mod:`.heldout_text`) or "book"
-    # (training only: a novel in reading order, see :mod:`.book_text`)
+    # (held-out report prose in reading order, see :mod:`.heldout_text`), "book"
+    # (training only: a novel in reading order, see :mod:`.book_text`) or "novels" (training
+    # only: four novels in reading order, see :mod:`.novel_text`)
     pool: str | None = None
     # fixed voices and rate bands (clip i: voices[i % n], band (i // n) % len(bands), see
     # clip_voice_and_rates); None: a random training voice, a rate in TRAIN_RATES
@@ -150,6 +155,10 @@ class DataConfig:
         # continuous narrative (one book in reading order) in training's voices and rates:
         # against train_longform_voices_c, the text source alone changes
         SplitSpec("train_longform_book", 48, 60.0, 240.0, pool="book", exact_words=True),
+        # four novels (448,000 words) in reading order, every clip distinct text, with the
+        # words espeak joins timed: against train_longform_book, the same register at scale
+        SplitSpec("train_longform_novels", 48, 60.0, 240.0, pool="novels", exact_words=True,
+                  time_joined_words=True),
         SplitSpec("dev", 24, 8.0, 29.0),
         SplitSpec("test_30_60", 20, 30.0, 60.0),
         # 32 clips (8 until 2026-12-03: clip i depends only on (seed, split, i) and the
@@ -174,10 +183,12 @@ class DataConfig:
     })
     # the held-out prose source (brotli sdist or lcet10.txt); None: heldout_text.default_source()
     heldout_text: str | None = None
+    # the novels' source (r-cran-tidytext .deb or books.rda); None: novel_text.default_source()
+    novel_text: str | None = None
 
 
 # pools read in reading order, clip i from unit i x len(pool) / n_clips on (never shuffled)
-READING_ORDER_POOLS = ("prose", "book")
+READING_ORDER_POOLS = ("prose", "book", "novels")
 _WS = re.compile(r"\s+")
 _BAD = re.compile(r"[0-9<>{}\[\]|\\/_@#$%^*=~+&]")
 
@@ -385,11 +396,12 @@ def _drawn_clips(cfg: DataConfig, spec: SplitSpec, tts) -> Iterator[dict]:
         pool = load_heldout_pool(training, cfg.heldout_text)
     elif spec.pool == "extra":
         pool = load_extra_texts(fortunes, heldout_fortunes(texts, cfg), FORTUNE_DIR)
-    elif spec.pool == "book":
+    elif spec.pool in ("book", "novels"):
         # none of it inside, around or equal to a held-out fortune or a sentence of test_new's
         # source (all of it, before test_new's own filter)
         heldout = heldout_fortunes(texts, cfg) + prose_sentences(read_source(cfg.heldout_text))
-        pool = load_book_pool(heldout, cfg.heldout_text)
+        pool = (load_book_pool(heldout, cfg.heldout_text) if spec.pool == "book"
+                else load_novel_pool(heldout, cfg.novel_text))
     else:
         pool = list(texts[spec.pool or spec.name])
     if spec.pool not in READING_ORDER_POOLS:
@@ -483,20 +495,26 @@ def missing_inputs(cfg: DataConfig, splits: list[str] | None = None,
         problems.append(problem)
     if any(s.pool in ("extra", "prose") for s in wanted):
         problems += missing_sources(fortune_root, wordnet_root)
-    for reader in _text_readers(wanted):
+    for reader in _text_readers(wanted, cfg):
         try:
-            reader(cfg.heldout_text)
-        except (OSError, ValueError, tarfile.TarError) as exc:
+            reader()
+        except (OSError, ValueError, ImportError, tarfile.TarError) as exc:
             problems.append(str(exc))
     return problems
 
 
-def _text_readers(wanted: list[SplitSpec]) -> list:
-    """The brotli-sdist texts ``wanted``'s pools read: ``test_new``'s source for ``prose``
-    and ``book`` (a book unit must share no text with it), the book for ``book``."""
+def _text_readers(wanted: list[SplitSpec], cfg: DataConfig) -> list[Callable[[], object]]:
+    """Readers of the packaged texts ``wanted``'s pools read: ``test_new``'s source for
+    ``prose``, ``book`` and ``novels`` (their units must share no text with it), the book for
+    ``book``, the novels (and the R data reader) for ``novels``."""
     pools = {s.pool for s in wanted}
-    readers = [read_source] if pools & {"prose", "book"} else []
-    return readers + ([read_book] if "book" in pools else [])
+    readers = ([partial(read_source, cfg.heldout_text)]
+               if pools & {"prose", "book", "novels"} else [])
+    if "book" in pools:
+        readers.append(partial(read_book, cfg.heldout_text))
+    if "novels" in pools:
+        readers += [partial(read_rda, cfg.novel_text), rdata_problem]
+    return readers
 
 
 def _missing_respeak_sources(wanted: list[SplitSpec], out: Path | None) -> list[str]:
@@ -688,13 +706,17 @@ def main(argv: list[str] | None = None) -> None:
                     help="test_new's text source: the brotli sdist, its lcet10.txt or a folder "
                     "holding either (default: $KVSIM_HELDOUT_TEXT, else "
                     "~/.cache/kvsim/minivox/brotli-1.2.1.tar.gz)")
+    ap.add_argument("--novel-text", default=None,
+                    help="train_longform_novels' source: the r-cran-tidytext .deb, its "
+                    "books.rda or a folder holding either (default: "
+                    "~/.cache/kvsim/minivox/r-cran-tidytext_0.4.1-1_all.deb)")
     ap.add_argument("--force", action="store_true",
                     help="synthesise every split again, even one complete with the same seed "
                     "and spec (the default keeps it)")
     ap.add_argument("--sidecars-only", action="store_true",
                     help="only (re)write the .txt / .words.json sidecars from the manifest")
     args = ap.parse_args(argv)
-    cfg = DataConfig(seed=args.seed, heldout_text=args.heldout_text)
+    cfg = DataConfig(seed=args.seed, heldout_text=args.heldout_text, novel_text=args.novel_text)
     if args.n_train is not None:
         for s in cfg.splits:
             if s.name == "train":
