@@ -65,6 +65,18 @@ def default_source() -> Path:
     return kvsim_cache("minivox", SDIST_NAME)
 
 
+def tar_member(tf: tarfile.TarFile, member: str, where: Path) -> bytes:
+    """The bytes of ``member`` of the open archive ``tf``; FileNotFoundError naming ``where``
+    (the archive's file) where it holds no such file."""
+    try:
+        handle = tf.extractfile(member)
+    except KeyError:
+        handle = None
+    if handle is None:
+        raise FileNotFoundError(f"{where}: no {member}")
+    return handle.read()
+
+
 def read_testdata(path: str | Path | None, filename: str, sha256: str) -> str:
     """The text of ``tests/testdata/<filename>`` of the brotli sdist, checked against
     ``sha256``. ``path``: the sdist (``.tar.gz``), the extracted file, another file of the
@@ -84,13 +96,7 @@ def read_testdata(path: str | Path | None, filename: str, sha256: str) -> str:
                                 f"fetch it with: {DOWNLOAD}")
     if p.name.endswith(".tar.gz"):
         with tarfile.open(p) as tf:
-            try:
-                handle = tf.extractfile(member)
-            except KeyError:
-                handle = None
-            if handle is None:
-                raise FileNotFoundError(f"{p}: no {member}")
-            data = handle.read()
+            data = tar_member(tf, member, p)
     else:
         data = p.read_bytes()
     digest = hashlib.sha256(data).hexdigest()

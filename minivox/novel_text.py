@@ -37,7 +37,7 @@ from pathlib import Path
 from kvsim.cache import kvsim_cache
 
 from .book_text import book_units
-from .heldout_text import exclude_overlaps
+from .heldout_text import exclude_overlaps, tar_member
 
 DEB_VERSION = "0.4.1-1"
 DEB_NAME = f"r-cran-tidytext_{DEB_VERSION}_all.deb"
@@ -81,13 +81,7 @@ def _deb_member(deb: Path) -> bytes:
     if tar.returncode != 0:
         raise ValueError(f"{deb}: not a readable .deb ({tar.stderr.decode().strip()})")
     with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as tf:
-        try:
-            handle = tf.extractfile(MEMBER)
-        except KeyError:
-            handle = None
-        if handle is None:
-            raise FileNotFoundError(f"{deb}: no {MEMBER}")
-        return handle.read()
+        return tar_member(tf, MEMBER, deb)
 
 
 def read_rda(path: str | Path | None = None) -> bytes:
