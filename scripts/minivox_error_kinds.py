@@ -1,6 +1,8 @@
 """Where minivox's transcription errors are: substitutions, deletions and insertions per
 reference word, how many of the deleted (inserted) words fall in long runs, i.e. skipped
-passages (loops), and how many output words are wrong: overall and just before each skip.
+passages (loops), the substitutions among the words outside skipped passages (how well the
+passages read were read, whatever was skipped), and how many output words are wrong: overall
+and just before each skip.
 
 Reads the ``--out`` files of ``python -m kvsim.minivox.evaluate``. The counts are over the
 normalised texts (:func:`kvsim.wer.normalize`) without truncation, so the three rates add up
@@ -25,7 +27,8 @@ from kvsim.wer import normalize
 def error_kinds(refs: Sequence[str], hyps: Sequence[str], run_words: int = 10) -> dict:
     """Edit operations of ``hyps`` against ``refs`` pooled over the pairs, as shares of the
     reference words; ``skipped`` / ``looped``: the deleted / inserted words that lie in runs
-    of at least ``run_words`` consecutive words; ``wrong_output``: the share of output words
+    of at least ``run_words`` consecutive words; ``misread``: the substitutions over the
+    reference words outside those skipped runs; ``wrong_output``: the share of output words
     substituted or inserted; ``wrong_before_skips``: that share over the ``run_words`` output
     words before each skip (skips with fewer output words before them left out; NaN
     without any)."""
@@ -52,6 +55,7 @@ def error_kinds(refs: Sequence[str], hyps: Sequence[str], run_words: int = 10) -
         wrong += flags
     return {"ref_words": n_ref, **{k: v / n_ref for k, v in ops.items()},
             "wer": sum(ops.values()) / n_ref, "skipped": skipped / n_ref, "looped": looped / n_ref,
+            "misread": ops["substitute"] / (n_ref - skipped) if n_ref > skipped else float("nan"),
             "wrong_output": float(np.mean(wrong)) if wrong else float("nan"),
             "wrong_before_skips": float(np.mean(before)) if before else float("nan")}
 
@@ -63,13 +67,13 @@ def main() -> None:
     args = ap.parse_args()
     n = args.run_words
     print(f"file\twords\tsub\tdel\tins\tWER\tdel in runs >= {n}\tins in runs >= {n}"
-          f"\toutput words wrong\tof the {n} before a skip")
+          f"\tsub of words not in those\toutput words wrong\tof the {n} before a skip")
     for path in args.evals:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         k = error_kinds([r["ref"] for r in rows], [r["hyp"] for r in rows], args.run_words)
         print(f"{path.name}\t{k['ref_words']}\t{k['substitute']:.3f}\t{k['delete']:.3f}\t"
               f"{k['insert']:.3f}\t{k['wer']:.3f}\t{k['skipped']:.3f}\t{k['looped']:.3f}\t"
-              f"{k['wrong_output']:.3f}\t{k['wrong_before_skips']:.3f}")
+              f"{k['misread']:.3f}\t{k['wrong_output']:.3f}\t{k['wrong_before_skips']:.3f}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ def test_a_skipped_passage_and_a_loop_are_counted_as_runs():
     assert k["substitute"] == pytest.approx(1 / 30)
     assert k["delete"] == pytest.approx(15 / 30) and k["skipped"] == pytest.approx(12 / 30)
     assert k["insert"] == 0 and k["looped"] == 0
+    # one substitution among the 18 words outside the skipped run
+    assert k["misread"] == pytest.approx(1 / 18)
     # 15 output words, one wrong; the 10 before the skip hold it
     assert k["wrong_output"] == pytest.approx(1 / 15)
     assert k["wrong_before_skips"] == pytest.approx(1 / 10)
@@ -36,10 +38,13 @@ def test_a_skipped_passage_and_a_loop_are_counted_as_runs():
     loop = " ".join(WORDS[:10] + WORDS[:10] + ["x"] * 2 + WORDS[10:])
     k = kinds([ref], [loop], run_words=10)
     assert k["insert"] == pytest.approx(12 / 30) and k["looped"] == pytest.approx(12 / 30)
-    assert k["delete"] == 0 and k["skipped"] == 0
+    assert k["delete"] == 0 and k["skipped"] == 0 and k["misread"] == 0
     assert k["wrong_output"] == pytest.approx(12 / 42) and math.isnan(k["wrong_before_skips"])
-    # a run shorter than run_words is not a skip
-    assert kinds([ref], [skip], run_words=13)["skipped"] == 0
+    # a run shorter than run_words is not a skip: its words count as read
+    short = kinds([ref], [skip], run_words=13)
+    assert short["skipped"] == 0 and short["misread"] == pytest.approx(1 / 30)
+    # everything skipped: nothing read, no rate
+    assert math.isnan(kinds([ref], [""], run_words=10)["misread"])
 
 
 def test_shares_are_pooled_over_clips_by_reference_words():
