@@ -96,6 +96,10 @@ class ESpeak:
         self._events: list[tuple[int, int, int, int, bytes]] = []
         self._cb = _CALLBACK(self._callback)
         self.lib.espeak_SetSynthCallback(self._cb)
+        self._to_phonemes = self.lib.espeak_TextToPhonemes
+        self._to_phonemes.restype = ctypes.c_char_p
+        self._to_phonemes.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                                      ctypes.c_int]
 
     def _callback(self, wav, n, events) -> int:
         if n > 0:
@@ -156,10 +160,7 @@ class ESpeak:
     def phoneme_counts(self, text: str) -> list[int]:
         """Each of :func:`text_tokens`' words' number of phonemes spoken alone in the current
         voice (``espeak_TextToPhonemes``, phonemes separated by spaces); 0 for punctuation."""
-        convert = self.lib.espeak_TextToPhonemes
-        convert.restype = ctypes.c_char_p
-        convert.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
-        counts = []
+        convert, counts = self._to_phonemes, []
         for _, word in text_tokens(text.encode("utf-8")):
             word = word.encode("utf-8")
             buf = ctypes.create_string_buffer(word)

@@ -77,6 +77,14 @@ def tar_member(tf: tarfile.TarFile, member: str, where: Path) -> bytes:
     return handle.read()
 
 
+def check_sha256(data: bytes, sha256: str, where: Path, name: str, origin: str) -> None:
+    """ValueError naming ``where``, the file ``name`` and its ``origin`` (package and version)
+    unless ``data`` has the SHA-256 ``sha256``: a pinned source whose bytes changed."""
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise ValueError(f"{where}: {name} has SHA-256 {digest}, expected {sha256} ({origin})")
+
+
 def read_testdata(path: str | Path | None, filename: str, sha256: str) -> str:
     """The text of ``tests/testdata/<filename>`` of the brotli sdist, checked against
     ``sha256``. ``path``: the sdist (``.tar.gz``), the extracted file, another file of the
@@ -99,10 +107,7 @@ def read_testdata(path: str | Path | None, filename: str, sha256: str) -> str:
             data = tar_member(tf, member, p)
     else:
         data = p.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != sha256:
-        raise ValueError(f"{p}: {filename} has SHA-256 {digest}, expected {sha256} "
-                         f"(brotli {BROTLI_VERSION})")
+    check_sha256(data, sha256, p, filename, f"brotli {BROTLI_VERSION}")
     return data.decode("ascii")
 
 

@@ -25,7 +25,6 @@ number and drops every unit that shares text with a held-out text
 
 from __future__ import annotations
 
-import hashlib
 import io
 import re
 import shutil
@@ -37,7 +36,7 @@ from pathlib import Path
 from kvsim.cache import kvsim_cache
 
 from .book_text import book_units
-from .heldout_text import exclude_overlaps, tar_member
+from .heldout_text import check_sha256, exclude_overlaps, tar_member
 
 DEB_VERSION = "0.4.1-1"
 DEB_NAME = f"r-cran-tidytext_{DEB_VERSION}_all.deb"
@@ -89,10 +88,7 @@ def read_rda(path: str | Path | None = None) -> bytes:
     checked against :data:`SHA256`."""
     p = _resolve(path)
     data = _deb_member(p) if p.suffix == ".deb" else p.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != SHA256:
-        raise ValueError(f"{p}: {FILENAME} has SHA-256 {digest}, expected {SHA256} "
-                         f"(r-cran-tidytext {DEB_VERSION})")
+    check_sha256(data, SHA256, p, FILENAME, f"r-cran-tidytext {DEB_VERSION}")
     return data
 
 
