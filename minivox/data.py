@@ -107,7 +107,8 @@ class SplitSpec:
     voices: tuple[str, ...] | None = None
     rate_bands: tuple[tuple[int, int], ...] | None = None
     # where in the (shuffled) pool the first clip starts, as a fraction of the pool: lets two
-    # splits draw disjoint text from one pool
+    # splits draw disjoint text from one pool (a reading-order pool: every clip's passage
+    # moves by it, so two splits can interleave)
     start: float = 0.0
     # re-speak this split word for word instead of drawing text (clip i reads its clip i,
     # :mod:`.respeak`), with the training voice of each clip's accent (``training_voice``)
@@ -159,6 +160,11 @@ class DataConfig:
         # words espeak joins timed: against train_longform_book, the same register at scale
         SplitSpec("train_longform_novels", 48, 60.0, 240.0, pool="novels", exact_words=True,
                   time_joined_words=True),
+        # three times as many passages of the same novels, none read by the split above: its
+        # clip 3k starts 74 units (about 1,500 words) after that split's clip k, its clip
+        # 3k + 2 as far before clip k + 1 (a clip reads 45 units at most, 60 checked)
+        SplitSpec("train_longform_novels_2", 144, 60.0, 240.0, pool="novels", start=1 / 288,
+                  exact_words=True, time_joined_words=True),
         SplitSpec("dev", 24, 8.0, 29.0),
         SplitSpec("test_30_60", 20, 30.0, 60.0),
         # 32 clips (8 until 2026-12-03: clip i depends only on (seed, split, i) and the
@@ -385,6 +391,13 @@ def clip_voice_and_rates(spec: SplitSpec, i: int) -> tuple[str | None, tuple[int
     return None, bands[i % len(bands)]
 
 
+def passage_start(spec: SplitSpec, i: int, pool_size: int) -> int:
+    """The unit of a reading-order pool that clip ``i`` of ``spec`` reads from, at the
+    earliest: the split's ``n_clips`` passages spread evenly over the pool from ``start`` on
+    (a clip starts later only when the one before it ran past this unit)."""
+    return int(spec.start * pool_size) + i * pool_size // spec.n_clips
+
+
 def _drawn_clips(cfg: DataConfig, spec: SplitSpec, tts) -> Iterator[dict]:
     """Clip after clip of ``spec``, its text drawn from its pool."""
     fortunes = load_fortunes()
@@ -412,7 +425,7 @@ def _drawn_clips(cfg: DataConfig, spec: SplitSpec, tts) -> Iterator[dict]:
         voice, rates = clip_voice_and_rates(spec, i)
         if spec.pool in READING_ORDER_POOLS:
             # passages spread over the text in reading order, none overlapping the last
-            cursor = max(cursor, i * len(pool) // spec.n_clips)
+            cursor = max(cursor, passage_start(spec, i, len(pool)))
         res = make_clip(tts, pool, cursor, rng, spec.min_s, spec.max_s, voice, rates,
                         exact_words=spec.exact_words,
                         time_joined_words=spec.time_joined_words)

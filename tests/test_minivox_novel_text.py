@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvsim.minivox import data as D
@@ -103,6 +105,30 @@ def test_novels_split_reads_the_book_register_at_scale_with_joined_words_timed()
     assert novels.exact_words and novels.time_joined_words
 
 
+def test_second_novels_split_reads_between_the_firsts_passages():
+    """train_longform_novels_2 interleaves with train_longform_novels: every passage of one
+    starts at least 60 units (a clip reads 60 at most, checked on the generated splits)
+    from every passage of the other, and the last leaves 60 units of the pool."""
+    splits = {s.name: s for s in D.DataConfig().splits}
+    first, second = splits["train_longform_novels"], splits["train_longform_novels_2"]
+    assert (second.pool, second.n_clips, second.exact_words, second.time_joined_words) == (
+        "novels", 3 * first.n_clips, True, True)
+    for size in (21_544, 20_000, 23_000):  # the pool's size, and around it
+        a = np.array([D.passage_start(first, i, size) for i in range(first.n_clips)])
+        b = np.array([D.passage_start(second, i, size) for i in range(second.n_clips)])
+        assert a[0] == 0 and np.all(np.diff(a) > 0) and np.all(np.diff(b) > 0)
+        assert np.abs(a[:, None] - b[None, :]).min() >= 60
+        assert b[-1] + 60 <= size
+
+
+def test_a_reading_order_split_without_start_reads_as_before():
+    """start = 0 (every split made before the second novels split): clip i from unit
+    i x pool / n_clips, so those splits regenerate byte for byte."""
+    spec = {s.name: s for s in D.DataConfig().splits}["train_longform_novels"]
+    assert spec.start == 0.0
+    assert [D.passage_start(spec, i, 21_544) for i in (0, 1, 47)] == [0, 448, 21_095]
+
+
 def _real_pool() -> tuple[list[str], list[str]]:
     """The novels' pool as the generator draws it, and the held-out texts it must avoid."""
     try:
@@ -125,26 +151,50 @@ def test_real_novel_pool_is_four_novels_disjoint_from_every_held_out_text():
     assert not any(D.text_key(u) in blob for u in pool)
 
 
-def test_generated_novels_split_is_distinct_text_in_reading_order():
-    """On a generated corpus (``KVSIM_MINIVOX_DATA``): each clip reads units of the pool in
-    order, from its own cursor on, no clip reading another's, every word list the text's."""
+def _generated(split: str):
     import polars as pl
 
+    root = Path(os.environ.get("KVSIM_MINIVOX_DATA", "data/minivox"))
+    if not (root / "parts" / f"{split}.parquet").is_file():
+        pytest.skip(f"{root}: no {split} split (set KVSIM_MINIVOX_DATA)")
+    return pl.read_parquet(root / "parts" / f"{split}.parquet")
+
+
+def _units_read(split: str, pool: list[str]) -> list[range]:
+    """The pool units each clip of a generated split reads, checking on the way that each
+    starts where its passage does or after, and never at a unit an earlier clip read."""
     from kvsim.minivox.espeak import _PUNCT
 
-    root = Path(os.environ.get("KVSIM_MINIVOX_DATA", "data/minivox"))
-    if not (root / "parts" / "train_longform_novels.parquet").is_file():
-        pytest.skip(f"{root}: no train_longform_novels split (set KVSIM_MINIVOX_DATA)")
-    clips = pl.read_parquet(root / "parts" / "train_longform_novels.parquet")
-    pool, _ = _real_pool()
+    clips = _generated(split)
+    spec = {s.name: s for s in D.DataConfig().splits}[split]
     index = {u: p for p, u in enumerate(pool)}
-    last = -1
+    read: list[range] = []
     for i, (text, words) in enumerate(zip(clips["text"], clips["words"], strict=True)):
         assert list(words) == [w.strip(_PUNCT) for w in text.split()]
-        first = next(p for p in range(max(i * len(pool) // clips.height, last + 1), len(pool))
-                     if text.startswith(pool[p]))
-        assert first > last  # never a unit an earlier clip read
-        last = first + _units_in(text[len(pool[first]):], pool, first, index)
+        last = read[-1].stop - 1 if read else -1
+        first = next(p for p in range(max(D.passage_start(spec, i, len(pool)), last + 1),
+                                      len(pool)) if text.startswith(pool[p]))
+        read.append(range(first, first + _units_in(text[len(pool[first]):], pool, first,
+                                                    index) + 1))
+    return read
+
+
+@pytest.mark.parametrize("split", ["train_longform_novels", "train_longform_novels_2"])
+def test_generated_novels_split_is_distinct_text_in_reading_order(split):
+    """On a generated corpus (``KVSIM_MINIVOX_DATA``): each clip reads units of the pool in
+    order, from its own passage on, no clip reading another's, every word list the text's,
+    none more than 60 units."""
+    pool, _ = _real_pool()
+    read = _units_read(split, pool)
+    assert all(a.stop <= b.start for a, b in itertools.pairwise(read))
+    assert max(len(r) for r in read) <= 60
+
+
+def test_generated_novels_splits_share_no_text():
+    pool, _ = _real_pool()
+    first = set().union(*_units_read("train_longform_novels", pool))
+    second = set().union(*_units_read("train_longform_novels_2", pool))
+    assert len(first) > 900 and len(second) > 2700 and not first & second
 
 
 def _units_in(rest: str, pool: list[str], at: int, index: dict[str, int]) -> int:
