@@ -90,18 +90,23 @@ def part_word_times(row: dict, part_tokens: Sequence[int]) -> tuple[np.ndarray, 
 
 
 def target_spans(tokenizer, row: dict, part_tokens: Sequence[int], margin_s: float,
-                 guide_end: bool = False) -> np.ndarray:
+                 guide_end: bool = False, offsets: Sequence[tuple[int, int]] | None = None,
+                 ) -> np.ndarray:
     """``(n_tokens, 2)`` audio-token interval ``[lo, hi)`` of each transcript BPE token.
 
-    ``tokenizer(row["text"])`` must give the same tokens the trainer scores. The interval is
+    ``offsets``: the character span of each token the trainer scores (e.g. a
+    :func:`~kvsim.minivox.subword.split_words` encoding); None: those of
+    ``tokenizer(row["text"])``, which must then give the tokens the trainer scores. The interval is
     the token's word, widened by ``margin_s`` seconds on each side. With ``guide_end`` one more
     row guides the query that predicts the end token: from the last word's end (less the
     margin) to the end of the speech (:func:`speech_end`), the tail of the audio a reader has
     reached when the transcript is complete.
     """
-    enc = tokenizer(row["text"], add_special_tokens=False, return_offsets_mapping=True)
+    if offsets is None:
+        offsets = tokenizer(row["text"], add_special_tokens=False,
+                            return_offsets_mapping=True)["offset_mapping"]
     start, end, words = part_word_times(row, part_tokens)
-    tw = token_words(enc["offset_mapping"], word_char_spans(row["text"], words))
+    tw = token_words(offsets, word_char_spans(row["text"], words))
     m = margin_s * TOKENS_PER_SECOND
     lo = np.floor(start[tw] - m).clip(min=0)
     hi = np.ceil(end[tw] + m)

@@ -54,6 +54,7 @@ from .lora import LoRALinear, add_lora, load_lora_state, lora_state
 from .modeling import DEFAULT_ENCODER, WHISPER_ENCODERS
 from .rollouts import Rollout, begins_word, rollout_batch
 from .scheduled import mixed_batch
+from .subword import split_words
 from .wrong_passages import SOURCES, text_pool, wrong_passage_batch
 
 
@@ -105,6 +106,10 @@ class TrainConfig:
     # parallel scheduled sampling (kvsim.minivox.scheduled): share of the transcript's input
     # tokens replaced by the model's own teacher-forced greedy predictions (0: teacher forcing)
     sampled_share: float = 0.0
+    # subword regularisation (kvsim.minivox.subword): share of the transcripts' words of four
+    # or more letters cut in two token pieces at a random letter, per example and step (0:
+    # the tokenizer's own encoding)
+    split_words: float = 0.0
     # wrong passages (kvsim.minivox.wrong_passages): share of the transcript's input tokens
     # replaced, in blocks of wrong_length tokens, by distant stretches of the same transcript,
     # labels and guided targets kept (0: teacher forcing)
@@ -262,20 +267,24 @@ class Batch:
 
 
 def make_batch(model, proc, rows: list[dict], cache_dir: Path | None,
-               align_margin: float | None = None, align_end: bool = False) -> Batch:
+               align_margin: float | None = None, align_end: bool = False,
+               split_share: float = 0.0, split_draw: random.Random | None = None) -> Batch:
     """The decoder inputs of ``rows``; with ``align_margin`` (seconds) also the targets of the
     alignment-guided loss (:mod:`kvsim.minivox.guided`), the end token's with ``align_end``.
-    ``cache_dir`` None: the encoder runs now (:func:`part_encodings`)."""
+    ``cache_dir`` None: the encoder runs now (:func:`part_encodings`). With ``split_share``
+    the transcripts' words are cut into token pieces at random
+    (:func:`kvsim.minivox.subword.split_words`, drawn from ``split_draw``)."""
     tok = proc.tokenizer
     end_id = tok.convert_tokens_to_ids("<|im_end|>")
-    seqs, audio_feats, part_tokens = [], [], []
+    seqs, audio_feats, part_tokens, offsets = [], [], [], []
     for r in rows:
         encs = part_encodings(model, proc, r, cache_dir)
         enc = torch.cat(encs)
         part_tokens.append([e.shape[0] // 4 for e in encs])
         prompt = tok(proc.transcription_prompt(enc.shape[0] // 4), add_special_tokens=False)["input_ids"]
-        target = tok(r["text"], add_special_tokens=False)["input_ids"] + [end_id]
-        seqs.append((prompt, target))
+        text = split_words(tok, r["text"], split_share, split_draw or random.Random(0))
+        seqs.append((prompt, text.ids + [end_id]))
+        offsets.append(text.offsets)
         audio_feats.append(enc)
     L = max(len(p) + len(t) for p, t in seqs)
     ids = torch.full((len(rows), L), end_id, dtype=torch.long)
@@ -294,17 +303,18 @@ def make_batch(model, proc, rows: list[dict], cache_dir: Path | None,
     guides = None
     if align_margin is not None:
         guides = [_guide(tok, r, n, ids[i] == model.config.audio_token_id, len(seqs[i][0]),
-                         align_margin, align_end)
+                         align_margin, align_end, offsets[i])
                   for i, (r, n) in enumerate(zip(rows, part_tokens, strict=True))]
     return Batch(embeds, mask, labels, guides)
 
 
 def _guide(tok, row: dict, part_tokens: list[int], is_audio: torch.Tensor, prompt_len: int,
-           margin: float, guide_end: bool = False) -> GuideTargets:
+           margin: float, guide_end: bool = False,
+           offsets: list[tuple[int, int]] | None = None) -> GuideTargets:
     """The guided-loss targets of one batch row: the query predicting transcript token j sits
     at ``prompt_len - 1 + j``, the one predicting the end token (guided with ``guide_end``)
-    right after the last."""
-    spans = torch.from_numpy(target_spans(tok, row, part_tokens, margin, guide_end))
+    right after the last; ``offsets``: the character span of each transcript token."""
+    spans = torch.from_numpy(target_spans(tok, row, part_tokens, margin, guide_end, offsets))
     audio_positions = torch.nonzero(is_audio).flatten()
     spans = spans.clamp(max=len(audio_positions))
     return GuideTargets(prompt_len - 1 + torch.arange(len(spans)), audio_positions, spans)
@@ -607,7 +617,8 @@ def train_step(model, proc, rows: list[dict], cache_dir: Path | None, cfg: Train
     rollouts: list[Rollout] = []
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
         batch = make_batch(model, proc, rows, cache_dir,
-                           cfg.align_margin if probe is not None else None, cfg.align_end)
+                           cfg.align_margin if probe is not None else None, cfg.align_end,
+                           cfg.split_words, random.Random(cfg.seed * 1_000_039 + sub_batch))
         if cfg.rollouts > 0 and len(rows) == 1:
             draw = torch.Generator().manual_seed(cfg.seed * 1_000_037 + sub_batch)
             batch, rollouts = rollout_batch(
@@ -640,10 +651,12 @@ def train_step(model, proc, rows: list[dict], cache_dir: Path | None, cfg: Train
 
 
 def check_training_options(cfg: TrainConfig) -> None:
-    """Raise ValueError, naming the options, for scheduled-sampling, wrong-passage or
-    data-order settings out of range (before the model loads)."""
+    """Raise ValueError, naming the options, for scheduled-sampling, subword, wrong-passage
+    or data-order settings out of range (before the model loads)."""
     if not 0.0 <= cfg.sampled_share <= 1.0:
         raise ValueError(f"--sampled-share {cfg.sampled_share}: a share, from 0 to 1")
+    if not 0.0 <= cfg.split_words <= 1.0:
+        raise ValueError(f"--split-words {cfg.split_words}: a share, from 0 to 1")
     if not 0.0 <= cfg.wrong_share <= 1.0 or cfg.wrong_length < 1:
         raise ValueError(f"--wrong-share {cfg.wrong_share} / --wrong-length {cfg.wrong_length}: "
                          "a share from 0 to 1 and a length of at least one token")
