@@ -53,3 +53,17 @@ def test_shares_are_pooled_over_clips_by_reference_words():
     k = kinds([long_ref, short_ref], [long_ref, " ".join(WORDS[:5])], run_words=5)
     assert k["ref_words"] == 40
     assert k["delete"] == pytest.approx(5 / 40) and k["skipped"] == pytest.approx(5 / 40)
+
+
+def test_misread_chars_measure_how_near_the_substituted_words_are():
+    kinds = _script().error_kinds
+    ref = "the archivist read the reference"
+    near = kinds([ref], ["the archivest read the refference"])  # spelled as heard
+    far = kinds([ref], ["the artist read the resemblance"])  # other words
+    assert near["misread"] == far["misread"] == pytest.approx(2 / 5)
+    # archivist -> archivest: 1 edit; reference -> refference: 1 edit; over 9 + 9 letters
+    assert near["misread_chars"] == pytest.approx(2 / 18)
+    assert far["misread_chars"] == pytest.approx(jiwer.cer(["archivist", "reference"],
+                                                           ["artist", "resemblance"]))
+    assert far["misread_chars"] > 0.3
+    assert math.isnan(kinds([ref], [ref])["misread_chars"])
