@@ -39,9 +39,10 @@ def encode(tokenizer, text: str) -> Encoding:
     return Encoding(list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]])
 
 
-def split_words(tokenizer, text: str, share: float, rng: random.Random) -> Encoding:
+def split_words(tokenizer, text: str, share: float, rng: random.Random | None) -> Encoding:
     """``text`` encoded with each word of four or more letters cut in two with probability
-    ``share`` (one ``rng.random()`` per such word, one ``rng.randint`` per cut word).
+    ``share`` (one ``rng.random()`` per such word, one ``rng.randint`` per cut word; ``rng``
+    is not used, and may be None, at ``share`` 0).
 
     A word is cut only where the tokenizer's own encoding spells it with tokens of its own
     (the first may carry the leading space) and the pieces decode to the same characters;
@@ -50,6 +51,8 @@ def split_words(tokenizer, text: str, share: float, rng: random.Random) -> Encod
     enc = encode(tokenizer, text)
     if share <= 0:
         return enc
+    if rng is None:
+        raise ValueError("split_words: a share above 0 needs a random draw (rng)")
     ids, offsets, t = [], [], 0
     for word in CUTTABLE.finditer(text):
         if rng.random() >= share:

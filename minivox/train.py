@@ -274,6 +274,8 @@ def make_batch(model, proc, rows: list[dict], cache_dir: Path | None,
     ``cache_dir`` None: the encoder runs now (:func:`part_encodings`). With ``split_share``
     the transcripts' words are cut into token pieces at random
     (:func:`kvsim.minivox.subword.split_words`, drawn from ``split_draw``)."""
+    if split_share > 0 and split_draw is None:
+        raise ValueError("make_batch: split_share > 0 needs split_draw (the step's draw)")
     tok = proc.tokenizer
     end_id = tok.convert_tokens_to_ids("<|im_end|>")
     seqs, audio_feats, part_tokens, offsets = [], [], [], []
@@ -282,7 +284,7 @@ def make_batch(model, proc, rows: list[dict], cache_dir: Path | None,
         enc = torch.cat(encs)
         part_tokens.append([e.shape[0] // 4 for e in encs])
         prompt = tok(proc.transcription_prompt(enc.shape[0] // 4), add_special_tokens=False)["input_ids"]
-        text = split_words(tok, r["text"], split_share, split_draw or random.Random(0))
+        text = split_words(tok, r["text"], split_share, split_draw)
         seqs.append((prompt, text.ids + [end_id]))
         offsets.append(text.offsets)
         audio_feats.append(enc)

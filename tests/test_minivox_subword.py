@@ -47,9 +47,11 @@ def tok():
 def test_share_zero_is_the_tokenizers_own_encoding(tok):
     for text in TEXTS:
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        got = split_words(tok, text, 0.0, random.Random(0))
+        got = split_words(tok, text, 0.0, None)
         assert got.ids == enc["input_ids"] and got.offsets == [tuple(o) for o in enc["offset_mapping"]]
         assert got == encode(tok, text)
+    with pytest.raises(ValueError, match="needs a random draw"):
+        split_words(tok, TEXTS[0], 0.1, None)
 
 
 def test_every_long_word_is_cut_into_pieces_that_spell_it(tok):
@@ -133,5 +135,7 @@ def test_the_trainer_scores_the_pieces_and_guides_them(tok, tmp_path):
     assert cut.labels[cut.labels != -100].tolist() == want
     assert plain.labels[plain.labels != -100].tolist() == encode(tok, row["text"]).ids + [end]
     assert len(cut.guides[0].query_positions) == len(want) - 1  # one per transcript token
+    with pytest.raises(ValueError, match="split_share > 0 needs split_draw"):
+        make_batch(model, proc, [row], None, 0.4, split_share=0.5)
     with pytest.raises(ValueError, match="--split-words 1.5"):
         check_training_options(TrainConfig(split_words=1.5))
