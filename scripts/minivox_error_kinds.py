@@ -24,6 +24,23 @@ import numpy as np
 from kvsim.wer import normalize
 
 
+def is_skip(chunk, run_words: int) -> bool:
+    """Whether a jiwer alignment chunk is a skipped passage: ``run_words`` or more reference
+    words deleted in a row."""
+    return chunk.type == "delete" and chunk.ref_end_idx - chunk.ref_start_idx >= run_words
+
+
+def read_words(ref: str, hyp: str, run_words: int = 10) -> list[tuple[str, bool]]:
+    """The normalised reference words outside skipped passages (:func:`is_skip`), each with
+    whether it was substituted."""
+    ref, hyp = normalize(ref), normalize(hyp)
+    words = ref.split()
+    return [(words[k], chunk.type == "substitute")
+            for chunk in jiwer.process_words(ref, hyp).alignments[0]
+            if not is_skip(chunk, run_words)
+            for k in range(chunk.ref_start_idx, chunk.ref_end_idx)]
+
+
 def error_kinds(refs: Sequence[str], hyps: Sequence[str], run_words: int = 10) -> dict:
     """Edit operations of ``hyps`` against ``refs`` pooled over the pairs, as shares of the
     reference words; ``skipped`` / ``looped``: the deleted / inserted words that lie in runs
@@ -48,7 +65,7 @@ def error_kinds(refs: Sequence[str], hyps: Sequence[str], run_words: int = 10) -
                 misread += zip(ref.split()[chunk.ref_start_idx:chunk.ref_end_idx],
                                hyp.split()[chunk.hyp_start_idx:chunk.hyp_end_idx], strict=True)
             if chunk.type == "delete":
-                if n >= run_words:
+                if is_skip(chunk, run_words):
                     skipped += n
                     if len(flags) >= run_words:
                         before.append(np.mean(flags[-run_words:]))

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import jiwer
-
 from kvsim.wer import normalize
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from minivox_error_kinds import read_words  # noqa: E402  (the one definition of a skip)
 
 # the shipped adapter's lineage heard these splits' transcripts (minivox/MODEL_CARD.md)
 SHIPPED_HEARD = "train,train_long,train_wide,train_longform"
@@ -32,20 +34,6 @@ EDGES = (1, 10, 100)  # groups: 0, 1-9, 10-99, 100 or more
 def heard_counts(texts: Iterable[str]) -> Counter:
     """Occurrences of each normalised word in ``texts``."""
     return Counter(w for text in texts for w in normalize(text).split())
-
-
-def read_words(ref: str, hyp: str, run_words: int = 10) -> list[tuple[str, bool]]:
-    """The normalised reference words outside deleted runs of at least ``run_words`` words
-    (skipped passages), each with whether it was substituted."""
-    ref, hyp = normalize(ref), normalize(hyp)
-    words = ref.split()
-    out: list[tuple[str, bool]] = []
-    for chunk in jiwer.process_words(ref, hyp).alignments[0]:
-        span = range(chunk.ref_start_idx, chunk.ref_end_idx)
-        if chunk.type == "delete" and len(span) >= run_words:
-            continue
-        out += [(words[k], chunk.type == "substitute") for k in span]
-    return out
 
 
 def group_of(count: int, edges: Sequence[int] = EDGES) -> str:
