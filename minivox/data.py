@@ -693,6 +693,15 @@ def pl_col_split_is_train():
     return pl.col("split").str.starts_with("train")
 
 
+def _missing_split_message(path: Path, split: str) -> str:
+    """One line for a split the manifest lacks: the command that makes it, or the known names."""
+    known = [s.name for s in DataConfig().splits]
+    if split in known:
+        return (f"{path}: split {split!r} is not generated here: make it with "
+                f"python -m kvsim.minivox.data --out {path.parent} --splits {split}")
+    return f"{path}: no split {split!r} (the corpus defines: {', '.join(known)})"
+
+
 def read_manifest(root: str | Path, split: str | None = None):
     """Manifest as a polars DataFrame (optionally one split), with absolute audio paths."""
     import polars as pl
@@ -705,7 +714,7 @@ def read_manifest(root: str | Path, split: str | None = None):
     if split is not None:
         df = df.filter(pl.col("split") == split)
         if df.height == 0:
-            raise ValueError(f"{path}: split {split!r} is empty")
+            raise ValueError(_missing_split_message(path, split))
     return df.with_columns((pl.lit(str(root) + "/") + pl.col("audio_path")).alias("abs_path"))
 
 

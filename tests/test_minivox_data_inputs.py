@@ -127,3 +127,35 @@ def test_a_twin_without_its_source_is_named_before_anything_is_synthesised(tmp_p
     err = capsys.readouterr().err
     assert "split test_new_train_voice re-speaks test_new" in err
     assert not (tmp_path / "fresh" / "manifest.parquet").exists()
+
+
+def _manifest_with(tmp_path, splits: list[str]):
+    import polars as pl
+
+    pl.DataFrame({"split": splits, "id": [f"{s}-00000" for s in splits],
+                  "audio_path": [f"audio/{s}-00000.wav" for s in splits]}
+                 ).write_parquet(tmp_path / "manifest.parquet")
+
+
+def test_a_defined_split_not_yet_generated_names_the_command_that_makes_it(tmp_path):
+    from kvsim.minivox.data import read_manifest
+
+    _manifest_with(tmp_path, ["train"])
+    with pytest.raises(ValueError) as err:
+        read_manifest(tmp_path, "train_longform_2")
+    msg = str(err.value)
+    assert "\n" not in msg and str(tmp_path / "manifest.parquet") in msg
+    assert f"python -m kvsim.minivox.data --out {tmp_path} --splits train_longform_2" in msg
+
+
+def test_an_unknown_split_lists_the_defined_ones(tmp_path):
+    from kvsim.minivox.data import read_manifest
+
+    _manifest_with(tmp_path, ["train"])
+    with pytest.raises(ValueError) as err:
+        read_manifest(tmp_path, "train_longform_3")
+    msg = str(err.value)
+    assert "'train_longform_3'" in msg and "train_longform_novels_2" in msg
+    assert "--splits" not in msg
+    assert read_manifest(tmp_path, "train")["abs_path"].to_list() == [
+        f"{tmp_path}/audio/train-00000.wav"]
