@@ -116,3 +116,23 @@ def test_another_encoder_runs_the_same_recipe_in_its_own_folders(commands, tmp_p
     assert runs and all(r.startswith("D/encoder-base/run") for r in runs)
     assert [r.replace("D/encoder-base/", "D/") for r in runs] == [r for r, _, _ in phases(commands)]
     assert "'D/encoder-base/runW/last.safetensors', 'minivox/adapter.safetensors'" in base[-1][2]
+
+
+# the kept novels continuation (docs/results/minivox-training.md, twenty-second run): the
+# command that trained it, from the shipped adapter, as the docs give it
+NOVELS_ARGV = shlex.split(
+    "--data D --run D/runN10 --seed 10 --batch 4 --lr 5e-5 --lora-lr 3.5e-4 --warmup 10 "
+    "--steps 60 --threads 1 --p-long 0.2 --p-concat 0.6 --longform-split train_longform_novels "
+    "--train-splits train_wide --align-weight 1.0 --align-end --speed-perturb 0.9,1.0,1.1 "
+    "--lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj --no-bf16 "
+    "--eval-every 100000 --ckpt-every 5 --init-adapter minivox/adapter.safetensors")
+
+
+def test_novels_experiment_is_the_documented_continuation_of_the_shipped_adapter():
+    meta = stored(ROOT / "minivox/experiments/novels-368.safetensors")
+    kept = {**asdict(TrainConfig()), **json.loads(meta["train_config"])}
+    documented = config_from_args(build_parser().parse_args(NOVELS_ARGV))
+    assert learned(kept) == learned(asdict(documented))
+    assert int(meta["step"]) == documented.steps
+    shipped = stored(ROOT / "minivox/adapter.safetensors")["lineage"]
+    assert meta["lineage"] == f"{shipped} -> runN10 60 (seed 10, --longform-split train_longform_novels)"
