@@ -54,6 +54,12 @@ def stored(path: Path) -> dict[str, str]:
         return f.metadata()
 
 
+def kept_config(meta: dict[str, str]) -> dict:
+    """The training configuration a kept adapter stores, with the defaults of options it
+    predates filled in."""
+    return {**asdict(TrainConfig()), **json.loads(meta["train_config"])}
+
+
 def learned(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if k not in DRIVING}
 
@@ -66,7 +72,7 @@ def learned(cfg: dict) -> dict:
 ])
 def test_last_phase_of_each_kept_run_asks_for_its_stored_config(commands, adapter, run):
     meta = stored(ROOT / adapter)
-    kept = {**asdict(TrainConfig()), **json.loads(meta["train_config"])}
+    kept = kept_config(meta)
     last = [cfg for r, _, cfg in phases(commands) if r == run][-1]
     assert learned(asdict(last)) == learned(kept)
     # the phase stops at the step the kept adapter was saved at
@@ -130,7 +136,7 @@ NOVELS_ARGV = shlex.split(
 
 def test_novels_experiment_is_the_documented_continuation_of_the_shipped_adapter():
     meta = stored(ROOT / "minivox/experiments/novels-368.safetensors")
-    kept = {**asdict(TrainConfig()), **json.loads(meta["train_config"])}
+    kept = kept_config(meta)
     documented = config_from_args(build_parser().parse_args(NOVELS_ARGV))
     assert learned(kept) == learned(asdict(documented))
     assert int(meta["step"]) == documented.steps
