@@ -24,6 +24,7 @@ python scripts/merge_heads.py minivox/heads.json "$CAL/a.json" "$CAL/b.json"
 kvsim trace --model minivox "$DATA/audio/test_30_60/$CLIP.flac" --out traces \
   --values --heads minivox/heads.json --max-new-tokens 400 --overwrite
 rm -rf "traces/minivox-$CLIP.kvtrace" && mv "traces/$CLIP.kvtrace" "traces/minivox-$CLIP.kvtrace"
+rm -f traces/run.json   # the run record `kvsim trace` writes beside its traces: not shipped
 # the synthetic large-shape trace kept beside it (qwen-omni shape, 5 s)
 rm -rf traces/synth-qwen-omni-5s.kvtrace
 kvsim synth traces/synth-qwen-omni-5s.kvtrace --preset qwen-omni --audio-seconds 5 --decode-steps 16 --seed 1
