@@ -26,8 +26,9 @@
 # encoder caches about 25 min, stage 1 about 36 min, stage 2 about 404 min of wall time (with
 # AMX bf16, two processes), stage 3 about 367 min of step time (one float32 process on one
 # core: runL 81, runM 48, runS 158, runW 80), stage 4 about 37 min (runN10, one core, beside
-# evaluations on the other) plus model loading per 7-minute segment: about 16 hours in all. The result is the same recipe, not the same bits: the shipped run drew its
-# run-8 batches from a smaller train_wide split than the 7,200 clips made here.
+# evaluations on the other) plus model loading per 7-minute segment: about 16 hours in all.
+# The result is the same recipe, not the same bits: the shipped run drew its run-8 batches
+# from a smaller train_wide split than the 7,200 clips made here.
 set -euo pipefail
 
 D=${1:-data/minivox}
@@ -130,7 +131,7 @@ phase "$R/runW" 1 100 98 --seed 8 "${LF[@]}" --lr 5e-5 --lora-lr 3.5e-4 --warmup
 compact "$R/runW/last.safetensors" "$R/runW/kept.safetensors"     # longform-308, shipped until runN10
 
 # 4. the novels: 60 steps whose long-form examples read four public-domain novels
-# (docs/minivox.md, "The novels' first stage"), from the float16 runW adapter
+# (docs/results/minivox-training.md, twenty-second run), from the float16 runW adapter
 NV=(--batch 4 --threads 1 --longform-split train_longform_novels --align-weight 1.0 --align-end
     --no-bf16 --ckpt-every 5 --lr 5e-5 --lora-lr 3.5e-4 --warmup 10 --p-long 0.2 --p-concat 0.6
     --train-splits train_wide --speed-perturb 0.9,1.0,1.1)
