@@ -111,8 +111,8 @@ compact "$R/run11/last.safetensors" "$R/run11/kept.safetensors"   # the run11 ad
 
 # 3. long-form: runL -> runM -> runS -> runW (docs/minivox.md, long-form runs), one process each,
 # float32, the guided loss on layers 20-23 and the end-of-speech guidance
-LF=(--batch 4 --threads 1 --longform-split train_longform --align-weight 1.0 --align-end
-    --no-bf16 --ckpt-every 5)
+GUIDED=(--batch 4 --threads 1 --align-weight 1.0 --align-end --no-bf16 --ckpt-every 5)
+LF=("${GUIDED[@]}" --longform-split train_longform)
 RL=(--seed 0 "${LF[@]}" --lr 1.5e-4 --lora-lr 1e-3 --warmup 10 --p-long 0 --p-concat 1.0
     --train-splits train_longform --init-adapter "$R/run11/kept.safetensors")
 phase "$R/runL" 1 100 35 "${RL[@]}"
@@ -124,18 +124,18 @@ RS=(--seed 8 --warmup 10 "${RM[@]}" --init-adapter "$R/runM/last.safetensors")
 phase "$R/runS" 1 300 125 "${RS[@]}"
 phase "$R/runS" 1 210 210 "${RS[@]}"
 compact "$R/runS/last.safetensors" "$R/runS/kept.safetensors"     # longform-210
-phase "$R/runW" 1 100 98 --seed 8 "${LF[@]}" --lr 5e-5 --lora-lr 3.5e-4 --warmup 10 \
-  --p-long 0.2 --p-concat 0.6 --train-splits train_wide --speed-perturb 0.9,1.0,1.1 \
-  --data-offset 210 --init-adapter "$R/runS/kept.safetensors"
+# runW's mix (a fifth of the steps on 30-60 s clips), kept by the novels' stage 4
+RW=(--lr 5e-5 --lora-lr 3.5e-4 --warmup 10 --p-long 0.2 --p-concat 0.6 --train-splits train_wide
+    --speed-perturb 0.9,1.0,1.1)
+phase "$R/runW" 1 100 98 --seed 8 "${LF[@]}" "${RW[@]}" --data-offset 210 \
+  --init-adapter "$R/runS/kept.safetensors"
 
 compact "$R/runW/last.safetensors" "$R/runW/kept.safetensors"     # longform-308, shipped until runN10
 
 # 4. the novels: 60 steps whose long-form examples read four public-domain novels
-# (docs/results/minivox-training.md, twenty-second run), from the float16 runW adapter
-NV=(--batch 4 --threads 1 --longform-split train_longform_novels --align-weight 1.0 --align-end
-    --no-bf16 --ckpt-every 5 --lr 5e-5 --lora-lr 3.5e-4 --warmup 10 --p-long 0.2 --p-concat 0.6
-    --train-splits train_wide --speed-perturb 0.9,1.0,1.1)
-phase "$R/runN10" 1 60 60 --seed 10 "${NV[@]}" --init-adapter "$R/runW/kept.safetensors"
+# (docs/results/minivox-training.md, twenty-second run), runW's recipe from the float16 runW adapter
+phase "$R/runN10" 1 60 60 --seed 10 "${GUIDED[@]}" --longform-split train_longform_novels "${RW[@]}" \
+  --init-adapter "$R/runW/kept.safetensors"
 
 # ship in float16 (novels-368)
 run "$PY" -c "from kvsim.minivox.build import compact_adapter as c; c('$R/runN10/last.safetensors', 'minivox/adapter.safetensors')"
