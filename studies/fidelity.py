@@ -84,13 +84,13 @@ def _live_rows(items: Sequence, plan: Sequence[PlanItem], src: Sources, out: Pat
         frame = read_live_runs(src.live_runs)
         return frame.filter(pl.col("input").is_in([i.id for i in items]))
     from kvsim.live.decode import LiveConfig
-    from kvsim.studies.live_grid import GridSpec, live_grid
+    from kvsim.studies.live_grid import GridSpec, live_grid, study_live_folder
     from kvsim.trace.heads import read_heads
 
     cfg = LiveConfig(max_new_tokens=src.max_new_tokens,
                      head_scores=read_heads(src.heads) if src.heads else None)
     grid = GridSpec(model=src.model, device=src.device, dtype=src.dtype, ray=src.ray)
-    return live_grid(items, plan, cfg, out / "live", grid, log=log)
+    return live_grid(items, plan, cfg, study_live_folder(out, "fidelity"), grid, log=log)
 
 
 def _tokenizer(src: Sources, points: pl.DataFrame):

@@ -23,6 +23,14 @@ if TYPE_CHECKING:
     from kvsim.rundir import RunDir
 
 
+def study_live_folder(out: Path, study: str) -> Path:
+    """The ``kvsim live`` run folder ``study`` decodes into: ``OUT/live-<study>``.
+
+    One folder per study, so that studies written to the same ``-o`` never clear each other's
+    live runs (a fresh grid clears its folder; a rerun with the same options reuses it)."""
+    return out / f"live-{study}"
+
+
 @dataclass
 class GridSpec:
     """Where and how to decode a grid.

@@ -278,11 +278,11 @@ def table4_notes(cfg: Table4Config, conf: pl.DataFrame, inputs: list[str], n_hea
 
 
 def run_table4(cfg: Table4Config, out: Path, log: Callable[[str], None] = print) -> StudyReport:
-    """Decode the sweep (``out / "live"``, a ``kvsim live`` folder reused by a later call),
+    """Decode the sweep (``out / "live-table4"``, a ``kvsim live`` folder reused by a later call),
     simulate every run and build the report."""
     from kvsim.live.data import load_dataset
     from kvsim.live.decode import LiveConfig
-    from kvsim.studies.live_grid import live_grid
+    from kvsim.studies.live_grid import live_grid, study_live_folder
     from kvsim.trace.heads import read_heads
 
     if cfg.heads is None:
@@ -291,9 +291,10 @@ def run_table4(cfg: Table4Config, out: Path, log: Callable[[str], None] = print)
     n_heads = int(scores.voice_score.size)
     plan, mapping = sweep_plan(cfg, n_heads, scores)
     items = load_dataset("manifest", cfg.dataset_root, split=cfg.split, limit=cfg.limit)
+    folder = study_live_folder(out, "table4")
     runs = live_grid(items, plan, LiveConfig(max_new_tokens=cfg.max_new_tokens, head_scores=scores),
-                     out / "live", cfg.grid, log=log)
-    sim = simulate_runs(runs, out / "live" / "steps", cfg)
+                     folder, cfg.grid, log=log)
+    sim = simulate_runs(runs, folder / "steps", cfg)
     conf = config_rows(runs, sim, mapping)
     inputs = [i.id for i in items]
     return StudyReport(

@@ -122,15 +122,15 @@ def missing_groups(plan: Sequence[PlanItem], runs: pl.DataFrame | None,
 
 def decode_missing(runs: pl.DataFrame | None, groups, items: Sequence, cfg: Table5Config, scores,
                    out: Path, log: Callable[[str], None]) -> pl.DataFrame:
-    """Decode each group of :func:`missing_groups` with :func:`live_grid` (``out/live``, or
-    ``out/live-<n>`` for the n-th of several groups: each a run folder a later call reuses)
-    and add its runs to ``runs``."""
-    from kvsim.studies.live_grid import live_grid
+    """Decode each group of :func:`missing_groups` with :func:`live_grid` (``out/live-table5``,
+    or ``out/live-table5-<n>`` for the n-th of several groups: each a run folder a later call
+    reuses) and add its runs to ``runs``."""
+    from kvsim.studies.live_grid import live_grid, study_live_folder
 
     live_cfg = cfg.live_config(scores)
     by_id = {i.id: i for i in items}
     for n, (plan, ids) in enumerate(groups, start=1):
-        folder = out / ("live" if len(groups) == 1 else f"live-{n}")
+        folder = study_live_folder(out, "table5" if len(groups) == 1 else f"table5-{n}")
         fresh = live_grid([by_id[i] for i in ids], plan, live_cfg, folder, cfg.grid, log=log,
                           max_seconds=cfg.max_seconds)
         runs = fresh if runs is None else pl.concat([runs, fresh], how="diagonal_relaxed")
@@ -380,7 +380,7 @@ def build_plan(cfg: Table5Config, scores) -> list[PlanItem]:
 
 def run_table5(cfg: Table5Config, out: Path, log: Callable[[str], None] = print) -> StudyReport:
     """Decode (or read from ``cfg.live_runs``) the grid and build the report; decoded runs go
-    to ``out / "live"`` (a ``kvsim live`` run folder, reused by a later call)."""
+    to ``out / "live-table5"`` (a ``kvsim live`` run folder, reused by a later call)."""
     from kvsim.decoding import OPTION_KEYS
     from kvsim.studies.live_runs import combine
     from kvsim.studies.wnw_lambda import lambda_of

@@ -181,11 +181,17 @@ def replay_means(frame: pl.DataFrame) -> pl.DataFrame:
 
 # ----------------------------------------------------------------------------- live
 def live_settings(settings: Sequence[Setting], lams: dict, items: Sequence, cfg: Any, out: Path,
-                  grid: Any, log: Callable[[str], None] = print, **job_args: Any) -> pl.DataFrame:
+                  grid: Any, log: Callable[[str], None] = print,
+                  **job_args: Any) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Decode every distinct setting on every input through
-    :func:`kvsim.studies.live_grid.live_grid` (a ``kvsim live`` run folder ``out``); one row
-    per (params, budget): truncated WER of the set, termination rate, measured r_GPU and
-    r_GPU+CPU, inputs."""
+    :func:`kvsim.studies.live_grid.live_grid` (a ``kvsim live`` run folder ``out``).
+
+    Returns
+    -------
+    (aggregate, runs): one row per (params, budget) with the truncated WER of the set,
+    termination rate, measured r_GPU and r_GPU+CPU and inputs; and every live run (one row per
+    input and setting, its ``params`` column added), for comparisons paired by clip.
+    """
     from kvsim.live.run import PlanItem, aggregate
     from kvsim.studies.live_grid import live_grid
 
@@ -196,11 +202,13 @@ def live_settings(settings: Sequence[Setting], lams: dict, items: Sequence, cfg:
         raise ValueError(f"{out}: the live grid produced no runs")
     agg = aggregate(frame)
     by_label = {(p.spec.label, p.spec.budget): s.kvsim_value for p, s in zip(plan, runs, strict=True)}
-    return pl.DataFrame([
+    summary = pl.DataFrame([
         {"params": by_label[(r["label"], r["budget"])], "budget": r["budget"],
          "live_wer": r.get("wer"), "termination": r["termination_rate"],
          "live_r_gpu": r["r_gpu"], "live_r_gpu_cpu": r["r_gpu_cpu"], "inputs": r["inputs"]}
         for r in agg.iter_rows(named=True) if (r["label"], r["budget"]) in by_label])
+    params = [by_label.get((label, budget)) for label, budget in frame.select("label", "budget").iter_rows()]
+    return summary, frame.with_columns(pl.Series("params", params, dtype=pl.String))
 
 
 # ----------------------------------------------------------------------------- table
@@ -274,22 +282,24 @@ class SweepOptions:
 def run_sweep(settings: Sequence[Setting], opts: SweepOptions,
               log: Callable[[str], None] = print) -> tuple[pl.DataFrame, list[str], dict]:
     """Replay and decode ``settings``; returns (the study's data, notes on how λ was chosen
-    and on what WnW warned, extra frames: the per-trace replay rows)."""
+    and on what WnW warned, extra frames: the per-trace replay rows, ``replay``, and every
+    live run, ``runs``)."""
     from kvsim.trace.heads import read_heads
 
     scores = read_heads(opts.heads) if opts.heads else None
     calib = (calibration_contexts(opts.calibration_traces, scores, opts.lambda_fit)
              if opts.calibration_traces else None)
-    replay = live = None
+    replay = live = live_runs = None
     with CollectedWarnings() as caught:
         lams = fit_lambdas(settings, calib, opts.grid.ray if opts.grid is not None else None)
         if opts.traces:
             replay = replay_settings(settings, lams, opts.traces, scores, opts.max_steps, log)
         if opts.live_out is not None:
-            live = _live(settings, lams, opts, scores, log)
+            live, live_runs = _live(settings, lams, opts, scores, log)
     notes = [_lambda_note(opts, lams, caught)]
     notes += [f"WnW warned: {m}" for m in caught.others()]
-    extra = {"replay": replay} if replay is not None else {}
+    extra = {name: frame for name, frame in (("replay", replay), ("runs", live_runs))
+             if frame is not None}
     return study_data(settings, replay, live), notes, extra
 
 
@@ -309,7 +319,7 @@ def sweep_report(name: str, titles: tuple[str, str], settings: Sequence[Setting]
 
 
 def _live(settings: Sequence[Setting], lams: dict, opts: SweepOptions, scores: HeadScores | None,
-          log: Callable[[str], None]) -> pl.DataFrame:
+          log: Callable[[str], None]) -> tuple[pl.DataFrame, pl.DataFrame]:
     from kvsim.live.data import load_dataset
     from kvsim.live.decode import LiveConfig
 

@@ -165,7 +165,7 @@ def test_study_writes_report_and_its_numbers_agree_with_direct_computations(stud
     full = points.filter(pl.col("label") == "full")
     # live full-cache decoding reproduces the traced tokens: it never departs, recall is 1
     assert full["departure"].null_count() == 2 and (full["attn_recall"] == 1.0).all()
-    live = pl.read_parquet(study / "live" / "runs.parquet")
+    live = pl.read_parquet(study / "live-fidelity" / "runs.parquet")
     for clip in ("c0", "c1"):
         trace = Trace(study / "traces" / f"{clip}.kvtrace")
         ids = live.filter((pl.col("input") == clip) & (pl.col("label") == "snapkv"))["token_ids"][0].to_list()
@@ -179,7 +179,7 @@ def test_study_writes_report_and_its_numbers_agree_with_direct_computations(stud
         layers = alignment(trace).layers
         assert row["output_error_align"] == pytest.approx(float(np.mean(direct.layer_error[layers])), rel=1e-6)
         assert row["recall_align"] == pytest.approx(float(direct.per_head_recall[layers].mean()), rel=1e-6)
-    manifest = json.loads((study / "live" / "run.json").read_text())
+    manifest = json.loads((study / "live-fidelity" / "run.json").read_text())
     assert manifest["status"] == "complete"
 
 
@@ -189,7 +189,7 @@ def test_study_reads_earlier_live_runs_and_compares_text_when_token_ids_are_miss
     import shutil
 
     live = tmp_path / "live"
-    shutil.copytree(study / "live", live)
+    shutil.copytree(study / "live-fidelity", live)
     for part in (live / "parts").glob("*.parquet"):
         pl.read_parquet(part).drop("token_ids").write_parquet(part)
     (live / "runs.parquet").unlink(missing_ok=True)

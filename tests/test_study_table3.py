@@ -119,14 +119,17 @@ def _tiny_corpus(tmp_path):
     return heads
 
 
-def test_live_part_on_the_tiny_backbone(tmp_path) -> None:
-    heads = _tiny_corpus(tmp_path)
-    out = tmp_path / "out"
-    res = CliRunner().invoke(app, ["study", "table3", "--quick", "--no-replay", "--model", "tiny",
-                                   "--calibration", str(heads), "--dataset-root", str(tmp_path),
+def _quick_live_study(study: str, corpus, heads, out) -> None:
+    res = CliRunner().invoke(app, ["study", study, "--quick", "--no-replay", "--model", "tiny",
+                                   "--calibration", str(heads), "--dataset-root", str(corpus),
                                    "--max-new-tokens", "4", "-o", str(out)])
     assert res.exit_code == 0, res.output
-    runs = pl.read_parquet(out / "live" / "runs.parquet")
+
+
+def test_live_part_on_the_tiny_backbone(tmp_path) -> None:
+    out = tmp_path / "out"
+    _quick_live_study("table3", tmp_path, _tiny_corpus(tmp_path), out)
+    runs = pl.read_parquet(out / "live-table3" / "runs.parquet")
     settings = table3.table3_settings(4)
     from kvsim.studies.wnw_sweep import extremes, unique_runs
 
@@ -137,6 +140,20 @@ def test_live_part_on_the_tiny_backbone(tmp_path) -> None:
     a1 = data.filter(pl.col("group").str.starts_with("A1"))
     assert (a1["live_r_gpu"] >= a1["budget"] - 0.05).all()
     assert "per-input λ" in (out / "table3.md").read_text()
+    # every live run is kept beside the report, named by its setting, for paired comparisons
+    kept = pl.read_parquet(out / "table3_runs.parquet")
+    assert kept.height == runs.height and kept["params"].is_not_null().all()
+    assert set(kept["params"]) == set(data.filter(pl.col("live_wer").is_not_null())["params"])
+    assert sorted(kept["wer"]) == sorted(runs["wer"])
+
+
+def test_studies_sharing_an_out_folder_keep_each_others_live_runs(tmp_path) -> None:
+    out, heads = tmp_path / "out", _tiny_corpus(tmp_path)
+    _quick_live_study("table3", tmp_path, heads, out)
+    before = (out / "live-table3" / "runs.parquet").read_bytes()
+    _quick_live_study("table7", tmp_path, heads, out)
+    assert (out / "live-table3" / "runs.parquet").read_bytes() == before
+    assert (out / "live-table7" / "runs.parquet").exists() and (out / "table7_runs.parquet").exists()
 
 
 def test_bad_options_are_one_line(tmp_path) -> None:

@@ -39,7 +39,7 @@ def test_mb_per_step_grows_with_tidal_heads_and_equals_the_step_logs(study):
     sim_mb = conf["sim_h2d_mb_per_step_h100-sxm"].to_list()
     assert sim_mb[0] == 0.0 and 0 < sim_mb[1] < sim_mb[2]
     for row in conf.iter_rows(named=True):  # measured MB/step = the step log's bytes per step
-        log = pl.read_parquet(next((study / "live" / "steps").glob(f"*n_voice={row['n_voice']})*.parquet")))
+        log = pl.read_parquet(next((study / "live-table4" / "steps").glob(f"*n_voice={row['n_voice']})*.parquet")))
         assert row["h2d_mb_per_step"] == pytest.approx(log["h2d_bytes"].sum() / log.height / 1e6, rel=1e-12)
     md = (study / "table4.md").read_text()
     assert "| 235 | 3 (4) |" in md and "| 19.7 | 27.8 | 1.04 |" in md

@@ -82,7 +82,7 @@ def test_reuses_the_folder_and_decodes_only_what_it_lacks(live_folder):
     out = tmp / "out_mixed"
     _study(["--dataset-root", str(data), "--live-runs", str(tmp / "runs"), "-p", "full,snapkv,wnw",
             "--heads", str(heads), "-o", str(out)])
-    fresh = pl.read_parquet(out / "live" / "runs.parquet")
+    fresh = pl.read_parquet(out / "live-table5" / "runs.parquet")
     assert set(fresh["policy"]) == {"wnw"} and fresh.height == 2 * 2  # clips x budgets
     table = pl.read_parquet(out / "table5_runs.parquet")
     kept = table.filter(pl.col("policy") != "wnw").sort("label", "budget", "input")

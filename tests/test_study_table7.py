@@ -86,7 +86,7 @@ def test_live_quick_on_the_tiny_backbone(tmp_path) -> None:
                                    "--calibration", str(heads), "--dataset-root", str(tmp_path),
                                    "--max-new-tokens", "3", "-o", str(out)])
     assert res.exit_code == 0, res.output
-    runs = pl.read_parquet(out / "live" / "runs.parquet")
+    runs = pl.read_parquet(out / "live-table7" / "runs.parquet")
     assert runs.height == len(unique_runs(extremes(table7.table7_settings(4))))
     data = pl.read_parquet(out / "table7.parquet")
     assert data.height == 10 and data["live_wer"].is_not_null().all()

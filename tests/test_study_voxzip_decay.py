@@ -93,7 +93,7 @@ def test_study_end_to_end_replay_and_tiny_live(tmp_path: Path) -> None:
     live = pl.read_parquet(out / "voxzip-decay_live.parquet")
     assert sorted(live["label"].to_list()) == ["full", "voxzip(gamma=0.95)", "voxzip(gamma=0.95)",
                                               "voxzip(gamma=1.0)", "voxzip(gamma=1.0)"]
-    assert live["wer"].is_not_null().all() and (out / "live" / "runs.parquet").exists()
+    assert live["wer"].is_not_null().all() and (out / "live-voxzip-decay" / "runs.parquet").exists()
     md = (out / "voxzip-decay.md").read_text()
     assert "Encoder padding: counted as audio" in md
     rows = [line.split(" | ") for line in md.splitlines() if line.startswith(("| full |", "| voxzip |"))]

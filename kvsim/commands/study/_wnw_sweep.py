@@ -47,6 +47,7 @@ class SweepArgs:
     quick: bool
     out: Path
     lambda_fit: str = "measured"
+    study: str = "sweep"  #: the study's name: its live runs go to OUT/live-<study>
 
 
 def sweep_options(args: SweepArgs):
@@ -79,14 +80,15 @@ def sweep_options(args: SweepArgs):
 
 
 def _options(args: SweepArgs, traces: list[Path], heads: Path | None):
-    from kvsim.studies.live_grid import GridSpec
+    from kvsim.studies.live_grid import GridSpec, study_live_folder
     from kvsim.studies.wnw_sweep import SweepOptions
     from kvsim.trace.reader import find_traces
 
     calib = find_traces(args.calibration_traces) if args.calibration_traces else []
     return SweepOptions(
         traces=traces, heads=heads, calibration_traces=calib,
-        live_out=None if args.no_live else args.out / "live", dataset_root=args.dataset_root,
+        live_out=None if args.no_live else study_live_folder(args.out, args.study),
+        dataset_root=args.dataset_root,
         limit=min(args.limit, 2) if args.quick else args.limit, max_new_tokens=args.max_new_tokens,
         grid=GridSpec(model=args.model, device=args.device, ray=args.ray), max_steps=args.max_steps,
         lambda_fit=args.lambda_fit)
@@ -140,7 +142,7 @@ def sweep_command(study: str, summary: str):
         out = default_out(study, out)
         args = SweepArgs(traces, calibration, calibration_traces, dataset_root, limit, max_new_tokens,
                          no_live, no_replay, model, device, ray, max_steps, quick, out,
-                         lambda_fit=lambda_fit)
+                         lambda_fit=lambda_fit, study=study)
         run_sweep_study(report_fn, args, t0)
 
     command.__name__ = command.__qualname__ = study

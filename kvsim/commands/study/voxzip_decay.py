@@ -32,7 +32,7 @@ def voxzip_decay(
     model: ModelOption = "minivox",
     device: DeviceOption = "cpu",
     ray: RayOption = None,
-    live_out: Annotated[Path | None, typer.Option(help="The live part's `kvsim live` run folder (default OUT/live; reused when the options match)")] = None,
+    live_out: Annotated[Path | None, typer.Option(help="The live part's `kvsim live` run folder (default OUT/live-voxzip-decay; reused when the options match)")] = None,
     quick: QuickOption = False,
     out: OutOption = None,
 ) -> None:
@@ -44,6 +44,7 @@ def voxzip_decay(
     from kvsim.commands._options import check_positive_ints
     from kvsim.commands.study._traces import open_traces
     from kvsim.live.data import DataError, load_dataset
+    from kvsim.studies.live_grid import study_live_folder
     from kvsim.studies.voxzip_decay import LiveSweep, decay_report, replay_sweep
     from kvsim.trace.schema import TraceError
 
@@ -62,7 +63,8 @@ def voxzip_decay(
         replay, _ = replay_sweep(opened, gammas, budgets)
     except (TraceError, ValueError) as exc:
         fail(exc)
-    sweep = LiveSweep(items, live_out or out / "live", max_new_tokens, model, device, ray)
+    sweep = LiveSweep(items, live_out or study_live_folder(out, "voxzip-decay"), max_new_tokens,
+                      model, device, ray)
     runs = _live(sweep, gammas, budgets[:1] if quick else budgets) if live else None
     windows = {t.name: len(t.window_positions) for t in opened}
     finish(decay_report(replay, runs, windows), out, t0)
