@@ -207,8 +207,10 @@ def live_settings(settings: Sequence[Setting], lams: dict, items: Sequence, cfg:
          "live_wer": r.get("wer"), "termination": r["termination_rate"],
          "live_r_gpu": r["r_gpu"], "live_r_gpu_cpu": r["r_gpu_cpu"], "inputs": r["inputs"]}
         for r in agg.iter_rows(named=True) if (r["label"], r["budget"]) in by_label])
-    params = [by_label.get((label, budget)) for label, budget in frame.select("label", "budget").iter_rows()]
-    return summary, frame.with_columns(pl.Series("params", params, dtype=pl.String))
+    names = pl.DataFrame([{"label": label, "budget": budget, "params": params}
+                          for (label, budget), params in by_label.items()],
+                         schema={"label": pl.String, "budget": pl.Float64, "params": pl.String})
+    return summary, frame.join(names, on=["label", "budget"], how="left", maintain_order="left")
 
 
 # ----------------------------------------------------------------------------- table
