@@ -87,3 +87,18 @@ def test_a_bad_words_file_is_one_line_naming_it_once(tmp_path, content, why):
     assert res.exit_code != 0
     line = next(ln for ln in res.output.splitlines() if ln.startswith("error:"))
     assert why in line and line.count(str(words)) == 1
+
+
+def test_word_match_says_why_it_is_missing_instead_of_nan():
+    """A trace made with --aligner none names no written words: the cell says so (was "nan%")."""
+    from kvsim.commands.alignment import agreement_text
+
+    ref = [WordTiming(w, float(i), float(i) + 0.5) for i, w in enumerate(["the", "cat", "sat", "on", "a", "mat"])]
+    words = ["the", "cat", "sat"]
+    path = pl.DataFrame({"word": words, "peak_s": [0.1, 1.1, 2.1]})
+    assert agreement_text(path, None) == "n/a"
+    assert agreement_text(path, ref).startswith("100% (chance ")
+    no_words = path.with_columns(pl.lit(None, dtype=pl.String).alias("word"))
+    assert agreement_text(no_words, ref) == "n/a (no words in the trace: traced with --aligner none)"
+    blank = path.with_columns(pl.lit("...").alias("word"))
+    assert agreement_text(blank, ref) == "n/a (no written words)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -92,11 +93,28 @@ def _parse_options(layers: str | None, n_layers: int, smooth: int, min_jump: flo
         fail(f"option --layers: {layers!r} is not a comma-separated list of integers")
 
 
+def agreement_text(path: pl.DataFrame, reference: list | None) -> str:
+    """The word-match cell: the share of written words spoken at the path's peak, and chance.
+
+    ``n/a`` without ``--words``, and ``n/a`` with the reason when the trace names no written
+    words (traced with ``--aligner none``), never a bare ``nan%``.
+    """
+    from kvsim.studies.alignment import chance_agreement, word_agreement
+
+    if not reference:
+        return "n/a"  # needs --words
+    if path["word"].is_null().all():
+        return "n/a (no words in the trace: traced with --aligner none)"
+    share = word_agreement(path, reference)
+    if math.isnan(share):
+        return "n/a (no written words)"
+    return f"{share:.0%} (chance {chance_agreement(path, reference):.0%})"
+
+
 def _align_trace(path: Path, words: Path | None, layers: list[int] | None, n_layers: int,
                  smooth: int, min_jump: float, out: Path | None) -> tuple[dict, list[str]]:
     """Measure one trace: its table row and its jump lines; writes the path under ``out``."""
     from kvsim.studies.alignment import alignment as measure
-    from kvsim.studies.alignment import chance_agreement, word_agreement
     from kvsim.trace.atomic import atomic_file
     from kvsim.trace.reader import Trace
     from kvsim.trace.schema import TraceError
@@ -113,8 +131,7 @@ def _align_trace(path: Path, words: Path | None, layers: list[int] | None, n_lay
         # the loader's message starts with the file, which TraceError names already
         raise TraceError(str(words), "--words", str(exc).removeprefix(f"{words}: ")) from None
     speech = max(w.end for w in ref) if ref else res.audio_seconds
-    agree = (f"{word_agreement(res.path, ref):.0%} (chance {chance_agreement(res.path, ref):.0%})"
-             if ref else "n/a")  # needs --words
+    agree = agreement_text(res.path, ref)
     back, forward = res.back_jumps, res.forward_jumps
     row = {"trace": trace.name,
            "layers": ", ".join(f"{x} ({m:.2f})" for x, m in zip(res.layers, res.layer_monotonicity, strict=True)),
