@@ -200,17 +200,16 @@ def live_settings(settings: Sequence[Setting], lams: dict, items: Sequence, cfg:
     frame = live_grid(items, plan, cfg, out, grid, log=log, **job_args)
     if frame is None or frame.is_empty():
         raise ValueError(f"{out}: the live grid produced no runs")
-    agg = aggregate(frame)
-    by_label = {(p.spec.label, p.spec.budget): s.kvsim_value for p, s in zip(plan, runs, strict=True)}
-    summary = pl.DataFrame([
-        {"params": by_label[(r["label"], r["budget"])], "budget": r["budget"],
-         "live_wer": r.get("wer"), "termination": r["termination_rate"],
-         "live_r_gpu": r["r_gpu"], "live_r_gpu_cpu": r["r_gpu_cpu"], "inputs": r["inputs"]}
-        for r in agg.iter_rows(named=True) if (r["label"], r["budget"]) in by_label])
-    names = pl.DataFrame([{"label": label, "budget": budget, "params": params}
-                          for (label, budget), params in by_label.items()],
+    keys = ["label", "budget"]
+    names = pl.DataFrame({"label": [p.spec.label for p in plan], "budget": [p.spec.budget for p in plan],
+                          "params": [s.kvsim_value for s in runs]},
                          schema={"label": pl.String, "budget": pl.Float64, "params": pl.String})
-    return summary, frame.join(names, on=["label", "budget"], how="left", maintain_order="left")
+    agg = aggregate(frame)
+    wer = pl.col("wer") if "wer" in agg.columns else pl.lit(None, dtype=pl.Float64)
+    summary = agg.join(names, on=keys, how="inner", maintain_order="left").select(
+        "params", "budget", wer.alias("live_wer"), pl.col("termination_rate").alias("termination"),
+        pl.col("r_gpu").alias("live_r_gpu"), pl.col("r_gpu_cpu").alias("live_r_gpu_cpu"), "inputs")
+    return summary, frame.join(names, on=keys, how="left", maintain_order="left")
 
 
 # ----------------------------------------------------------------------------- table
