@@ -28,7 +28,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -58,88 +58,86 @@ from .subword import split_words
 from .wrong_passages import SOURCES, text_pool, wrong_passage_batch
 
 
+def option(default, help: str):
+    """A :class:`TrainConfig` field with its command-line help (one definition of each option)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class TrainConfig:
-    """Hyper-parameters (recorded in the run directory and the adapter metadata)."""
+    """Hyper-parameters (recorded in the run directory and the adapter metadata); each field
+    is a command-line option of the same name, its help the field's ``metadata["help"]``."""
 
-    seed: int = 0
-    steps: int = 700
-    batch: int = 4
-    lr: float = 1e-3
-    lora_lr: float = 5e-4
-    warmup: int = 30
-    weight_decay: float = 0.01
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    lora_targets: str = "q_proj,k_proj,v_proj,o_proj"
-    eval_every: int = 100
-    eval_clips: int = 6
-    ckpt_every: int = 25
-    max_minutes: float = 1e9
-    # stop (with a checkpoint) at this step of the ``steps``-long schedule; 0: at its end
-    stop_step: int = 0
-    bf16: bool = True
-    p_long: float = 0.25  # share of steps on 30-60 s (two-window) clips, batch // 2 of them
-    threads: int = 1  # torch intra-op threads
-    # share of steps on one long-form example: 2..concat_max train_long clips joined end to end
-    # (60-240 s, the 1-4 min test range), so the decoder sees long audio spans and long answers
-    p_concat: float = 0.0
-    concat_max: int = 4
-    # comma-separated manifest splits whose clips make up the short-clip batches
-    train_splits: str = "train"
-    # alignment-guided attention (kvsim.minivox.guided): weight of the loss (0: off), the
-    # decoder layers it guides (the ones that align, docs/minivox.md) and the margin in
-    # seconds around each word's audio
-    align_weight: float = 0.0
-    align_log: bool = False  # log the guided loss without training on it (a control run)
-    align_layers: str = "20,21,22,23"
-    align_margin: float = 0.4
-    # also guide the query that predicts the end token onto the end of the speech
-    align_end: bool = False
-    # comma-separated manifest splits of continuous long-form clips (e.g. ``train_longform``,
-    # or ``train_longform_fast,train_longform_2`` for both rate ranges): when set, a long-form
-    # step (``p_concat``) takes one of their clips instead of joining train_long clips
-    longform_split: str = ""
-    # speed perturbation (kvsim.minivox.augment): comma-separated factors, one drawn per clip
-    # and step (Kaldi's "0.9,1.0,1.1"); empty: every clip at its recorded speed
-    speed_perturb: str = ""
-    # parallel scheduled sampling (kvsim.minivox.scheduled): share of the transcript's input
-    # tokens replaced by the model's own teacher-forced greedy predictions (0: teacher forcing)
-    sampled_share: float = 0.0
-    # subword regularisation (kvsim.minivox.subword): share of the transcripts' words of four
-    # or more letters cut in two token pieces at a random letter, per example and step (0:
-    # the tokenizer's own encoding)
-    split_words: float = 0.0
-    # wrong passages (kvsim.minivox.wrong_passages): share of the transcript's input tokens
-    # replaced, in blocks of wrong_length tokens, by distant stretches of the same transcript,
-    # labels and guided targets kept (0: teacher forcing)
-    wrong_share: float = 0.0
-    wrong_length: int = 16
-    # where the wrong blocks come from: "same" (a distant stretch of the same transcript) or
-    # "other" (a stretch of other training transcripts: text never spoken in the clip)
-    wrong_source: str = "same"
-    # weight of the guided loss on the queries at a wrong block and the wrong_length after it
-    wrong_guide_weight: float = 1.0
-    # steps over which sampled_share and wrong_share rise linearly from 0 (0: at full share
-    # from the first step)
-    augment_ramp: int = 0
-    # the data order starts this many steps in (the lr schedule still starts at step 0): a run
-    # continued from a kept adapter with the same seed hears the clips its first run did not
-    data_offset: int = 0
-    # train the audio encoder too: LoRA of rank encoder_lora_rank (scale lora_alpha / rank) on
-    # the attention and feed-forward projections of its last encoder_lora_layers layers, at
-    # lora_lr (0: Whisper's encoder frozen, as the shipped adapter has it). The encoder then
-    # runs at every step instead of coming from the encoder cache.
-    encoder_lora_layers: int = 0
-    encoder_lora_rank: int = 8
-    # free-running rollouts (kvsim.minivox.rollouts): passages the model writes itself by
-    # greedy decoding at this many cuts of each long-form example, rollout_tokens tokens each,
-    # the reference resumed after them (0: teacher forcing)
-    rollouts: int = 0
-    rollout_tokens: int = 32
-    # the Whisper encoder (minivox.modeling.WHISPER_ENCODERS): tiny.en, the shipped model's, or
-    # base (its features cached in enc_cache_base/); recorded in the adapter's metadata
-    encoder: str = DEFAULT_ENCODER
+    seed: int = option(0, "seed of the data order, the augmentation draws and the LoRA init")
+    steps: int = option(700, "length of the learning-rate schedule (linear warm-up, then cosine "
+                             "decay to 0.1 of the peak)")
+    batch: int = option(4, "clips per short-clip step (30-60 s steps take batch // 2)")
+    lr: float = option(1e-3, "peak learning rate of the projector")
+    lora_lr: float = option(5e-4, "peak learning rate of the LoRA weights")
+    warmup: int = option(30, "steps of linear warm-up")
+    weight_decay: float = option(0.01, "AdamW weight decay")
+    lora_rank: int = option(8, "rank of every LoRA update")
+    lora_alpha: float = option(16.0, "LoRA scale numerator (scale = alpha / rank)")
+    lora_targets: str = option("q_proj,k_proj,v_proj,o_proj",
+                               "comma-separated decoder projections that get LoRA")
+    eval_every: int = option(100, "steps between dev-WER evaluations (the best adapter is kept)")
+    eval_clips: int = option(6, "dev clips decoded at each evaluation")
+    ckpt_every: int = option(25, "steps between checkpoints (<run>/last.pt, resumed from)")
+    max_minutes: float = option(1e9, "stop, with a checkpoint, after this many minutes")
+    stop_step: int = option(0, "stop, with a checkpoint, at this step of the schedule (0: its end)")
+    bf16: bool = option(True, "bfloat16 autocast (fast only with AMX; --no-bf16 for float32)")
+    p_long: float = option(0.25, "share of steps on 30-60 s (two-window) clips, batch // 2 of them")
+    threads: int = option(1, "torch intra-op threads")
+    p_concat: float = option(0.0, "share of steps on one long-form example: 2..concat-max "
+                                  "train_long clips joined end to end (60-240 s), or one "
+                                  "--longform-split clip")
+    concat_max: int = option(4, "most train_long clips joined into one long-form example")
+    train_splits: str = option("train", "comma-separated manifest splits of the short-clip batches")
+    align_weight: float = option(0.0, "weight of the alignment-guided attention loss "
+                                      "(kvsim.minivox.guided; 0: off)")
+    align_log: bool = option(False, "log the guided loss without training on it (a control run)")
+    align_layers: str = option("20,21,22,23", "decoder layers the guided loss acts on (the "
+                                              "ones that align)")
+    align_margin: float = option(0.4, "seconds of margin around each word's audio in the "
+                                      "guided targets")
+    align_end: bool = option(False, "also guide the query that predicts the end token onto "
+                                    "the end of the speech")
+    longform_split: str = option("", "comma-separated manifest splits of continuous long-form "
+                                     "clips; when set, a long-form step takes one of their "
+                                     "clips instead of joining train_long clips")
+    speed_perturb: str = option("", "speed perturbation (kvsim.minivox.augment): comma-separated "
+                                    "factors, one drawn per clip and step, e.g. 0.9,1.0,1.1 "
+                                    "(empty: recorded speed)")
+    sampled_share: float = option(0.0, "scheduled sampling (kvsim.minivox.scheduled): share of "
+                                       "transcript input tokens replaced by the model's own "
+                                       "teacher-forced greedy tokens (0: teacher forcing)")
+    split_words: float = option(0.0, "subword regularisation (kvsim.minivox.subword): share of "
+                                     "words of four or more letters cut into two token pieces "
+                                     "at a random letter, per example and step")
+    wrong_share: float = option(0.0, "wrong passages (kvsim.minivox.wrong_passages): share of "
+                                     "transcript input tokens replaced in blocks by other text, "
+                                     "labels and guided targets kept (0: teacher forcing)")
+    wrong_length: int = option(16, "tokens per wrong block")
+    wrong_source: str = option("same", "where wrong blocks come from: same (a distant stretch "
+                                       "of the same transcript) or other (other training "
+                                       "transcripts)")
+    wrong_guide_weight: float = option(1.0, "weight of the guided loss on the queries at a wrong "
+                                            "block and the wrong-length tokens after it")
+    augment_ramp: int = option(0, "steps over which sampled-share and wrong-share rise linearly "
+                                  "from 0 (0: full share from the first step)")
+    data_offset: int = option(0, "start the data order this many steps in (the schedule still "
+                                 "starts at 0): a continuation with the same seed hears the "
+                                 "clips its first run did not")
+    encoder_lora_layers: int = option(0, "train the audio encoder too: LoRA on the attention and "
+                                         "feed-forward projections of its last N layers, at "
+                                         "lora-lr (0: encoder frozen, as shipped)")
+    encoder_lora_rank: int = option(8, "rank of the encoder's LoRA updates")
+    rollouts: int = option(0, "free-running rollouts (kvsim.minivox.rollouts): cuts per "
+                              "long-form example at which the model writes rollout-tokens "
+                              "tokens itself, the reference resumed after them (0: off)")
+    rollout_tokens: int = option(32, "tokens the model writes at each rollout")
+    encoder: str = option(DEFAULT_ENCODER, "the Whisper encoder (tiny.en, the shipped model's, "
+                                           "or base); recorded in the adapter's metadata")
 
 
 def encoder_cache_dir(data: Path, encoder: str = DEFAULT_ENCODER) -> Path:
@@ -851,8 +849,10 @@ def prefill_cache(data: Path, split: str, shard: tuple[int, int] = (0, 1),
 def build_parser() -> argparse.ArgumentParser:
     """The trainer's command line: run options, then one option per :class:`TrainConfig` field."""
     ap = argparse.ArgumentParser(description="Train the minivox projector + LoRA on CPU.")
-    ap.add_argument("--data", type=Path, default=Path("data/minivox"))
-    ap.add_argument("--run", type=Path, default=Path("data/minivox/run"))
+    ap.add_argument("--data", type=Path, default=Path("data/minivox"),
+                    help="corpus folder (python -m kvsim.minivox.data; default: data/minivox)")
+    ap.add_argument("--run", type=Path, default=Path("data/minivox/run"),
+                    help="run folder: log, checkpoints, adapters (default: data/minivox/run)")
     ap.add_argument("--export", action="store_true", help=f"copy the best adapter to {REPO_WEIGHTS}")
     ap.add_argument("--init-projector", type=Path, default=None,
                     help="projector weights from stage-1 alignment (kvsim.minivox.align)")
@@ -863,14 +863,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only compute the encoder cache of SPLIT, then exit")
     ap.add_argument("--shard", type=parse_shard, default=(0, 1), metavar="I/N",
                     help="with --prefill-cache: this process's share of the clips")
-    d = TrainConfig()
-    for k, v in asdict(d).items():
+    for f in fields(TrainConfig):
+        flag, v, help_ = f"--{f.name.replace('_', '-')}", f.default, f.metadata["help"]
         if isinstance(v, bool):
-            ap.add_argument(f"--{k.replace('_', '-')}", action=argparse.BooleanOptionalAction,
-                            default=v)
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=v, help=help_)
         else:
-            ap.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=v,
-                            choices=sorted(WHISPER_ENCODERS) if k == "encoder" else None)
+            ap.add_argument(flag, type=type(v), default=v, help=f"{help_} (default: {v})",
+                            choices=sorted(WHISPER_ENCODERS) if f.name == "encoder" else None)
     return ap
 
 
