@@ -720,8 +720,10 @@ def read_manifest(root: str | Path, split: str | None = None):
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("data/minivox"))
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("data/minivox"),
+                    help="corpus folder: audio/, parts/, manifest.parquet (default: data/minivox)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of every split's text, voice and rate draws (default: 0)")
     ap.add_argument("--splits", nargs="*", default=None, help="only these splits")
     ap.add_argument("--n-train", type=int, default=None, help="override the train clip count")
     ap.add_argument("--heldout-text", default=None,

@@ -327,11 +327,17 @@ def _read_window(spec: str | None, others_reach: str | None) -> ReadWindowConfig
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="minivox full-cache greedy WER on held-out sets")
-    ap.add_argument("--data", type=Path, default=Path("data/minivox"))
-    ap.add_argument("--splits", nargs="+", default=["test_30_60", "test_long"])
-    ap.add_argument("--adapter", type=Path, default=None)
-    ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--data", type=Path, default=Path("data/minivox"),
+                    help="corpus folder (python -m kvsim.minivox.data; default: data/minivox)")
+    ap.add_argument("--splits", nargs="+", default=["test_30_60", "test_long"],
+                    help="manifest splits to evaluate (default: test_30_60 test_long)")
+    ap.add_argument("--adapter", type=Path, default=None,
+                    help="adapter .safetensors to evaluate (default: $MINIVOX_ADAPTER, else "
+                    "the shipped minivox/adapter.safetensors)")
+    ap.add_argument("--limit", type=int, default=None,
+                    help="only the first N clips of each split")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write one JSON record per clip to this .jsonl file")
     ap.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: evaluate every n-th clip from i "
                     "(run shards in parallel, then --summarise their --out files)")
     ap.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
