@@ -42,6 +42,7 @@ from kvsim.wer import corpus_wer, normalize
 
 from .data import read_manifest
 from .modeling import DEFAULT_ENCODER, WHISPER_ENCODERS
+from .options import add_options, option
 from .train import encoder_cache, encoder_cache_dir, encoder_cache_file, warn_if_bf16_slow
 
 FRAMES_PER_TOKEN = 4
@@ -131,51 +132,37 @@ def load_split(data: Path, splits: list[str], tok, cache: Path, encode, encoder_
 
 @dataclass
 class AlignConfig:
-    """Stage-1 settings (the command line of :func:`main`)."""
+    """Stage-1 settings; each field is a command-line option of :func:`parse_args`."""
 
-    data: Path = Path("data/minivox")
-    out: Path = Path("data/minivox/align.safetensors")
-    seed: int = 0
-    epochs: float = 6.0
-    batch_tokens: int = 6000  #: audio tokens per batch (clips of similar length batched together)
-    lr: float = 2e-3
-    eval_every: int = 200
-    max_minutes: float = 60.0
-    scale: float = 20.0  #: fixed CTC logit scale; 0: dot products with a learned temperature
-    init: Path | None = None  #: start from these projector weights
-    stop_step: int | None = None  #: stop after this step (the lr schedule still spans epochs)
-    threads: int = 1
-    bf16: bool = True  #: bf16 autocast (slower than float32 on CPUs without AMX)
-    encoder: str = DEFAULT_ENCODER  #: the Whisper encoder (minivox.modeling.WHISPER_ENCODERS)
-    train_splits: str = "train,train_long"  #: comma-separated
+    data: Path = option(Path("data/minivox"), "corpus folder (python -m kvsim.minivox.data)")
+    out: Path = option(Path("data/minivox/align.safetensors"),
+                       "where the projector is written once the run has ended")
+    seed: int = option(0, "seed of the projector's initialisation and the batch order")
+    epochs: float = option(6.0, "length of the one-cycle learning-rate schedule, in epochs")
+    batch_tokens: int = option(6000, "audio tokens per batch (clips of similar length are "
+                                     "batched together)")
+    lr: float = option(2e-3, "peak learning rate (AdamW, one-cycle)")
+    eval_every: int = option(200, "steps between greedy CTC dev-WER evaluations")
+    max_minutes: float = option(60.0, "stop after this many minutes")
+    scale: float = option(20.0, "fixed CTC logit scale (cosine x scale); 0: dot products with a "
+                                "learned temperature (the first, unreadable variant; kept to "
+                                "reproduce it)")
+    init: Path | None = option(None, "start from these projector weights", type=Path)
+    stop_step: int | None = option(None, "stop after this step (the lr schedule still spans "
+                                         "--epochs)", type=int)
+    threads: int = option(1, "torch intra-op threads")
+    bf16: bool = option(True, "bf16 autocast of the projector and head (default on, as the "
+                              "shipped run; use --no-bf16 on a CPU without AMX, where it is "
+                              "slower)")
+    encoder: str = option(DEFAULT_ENCODER, "the Whisper encoder the projector reads (tiny.en, "
+                                           "the shipped model's; base: its features cached in "
+                                           "enc_cache_base/)", choices=sorted(WHISPER_ENCODERS))
+    train_splits: str = option("train,train_long", "comma-separated manifest splits it trains on")
 
 
 def parse_args(argv: list[str] | None = None) -> AlignConfig:
     ap = argparse.ArgumentParser(description="stage-1 projector alignment (CTC via the embedding table)")
-    d = AlignConfig()
-    ap.add_argument("--data", type=Path, default=d.data)
-    ap.add_argument("--out", type=Path, default=d.out)
-    ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--epochs", type=float, default=d.epochs)
-    ap.add_argument("--batch-tokens", type=int, default=d.batch_tokens,
-                    help="audio tokens per batch (clips of similar length are batched together)")
-    ap.add_argument("--lr", type=float, default=d.lr)
-    ap.add_argument("--eval-every", type=int, default=d.eval_every)
-    ap.add_argument("--max-minutes", type=float, default=d.max_minutes)
-    ap.add_argument("--scale", type=float, default=d.scale,
-                    help="fixed CTC logit scale (cosine x scale); 0: dot products with a learned "
-                         "temperature (the first, unreadable variant; kept to reproduce it)")
-    ap.add_argument("--init", type=Path, default=None, help="start from these projector weights")
-    ap.add_argument("--stop-step", type=int, default=None,
-                    help="stop after this step (the lr schedule still spans --epochs)")
-    ap.add_argument("--threads", type=int, default=d.threads)
-    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=d.bf16,
-                    help="bf16 autocast of the projector and head (default on, as the shipped "
-                         "run; use --no-bf16 on a CPU without AMX, where it is slower)")
-    ap.add_argument("--encoder", choices=sorted(WHISPER_ENCODERS), default=d.encoder,
-                    help="the Whisper encoder the projector reads (default tiny.en, the shipped "
-                         "model's; base: a pilot, its features cached in enc_cache_base/)")
-    ap.add_argument("--train-splits", default=d.train_splits, help="comma-separated")
+    add_options(ap, AlignConfig)
     return AlignConfig(**{k.replace("-", "_"): v for k, v in vars(ap.parse_args(argv)).items()})
 
 

@@ -28,7 +28,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -52,15 +52,11 @@ from .data import parse_shard, read_manifest
 from .guided import AttentionProbe, GuideTargets, guided_loss, target_spans
 from .lora import LoRALinear, add_lora, load_lora_state, lora_state
 from .modeling import DEFAULT_ENCODER, WHISPER_ENCODERS
+from .options import add_options, option
 from .rollouts import Rollout, begins_word, rollout_batch
 from .scheduled import mixed_batch
 from .subword import split_words
 from .wrong_passages import SOURCES, text_pool, wrong_passage_batch
-
-
-def option(default, help: str):
-    """A :class:`TrainConfig` field with its command-line help (one definition of each option)."""
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
@@ -137,7 +133,8 @@ class TrainConfig:
                               "tokens itself, the reference resumed after them (0: off)")
     rollout_tokens: int = option(32, "tokens the model writes at each rollout")
     encoder: str = option(DEFAULT_ENCODER, "the Whisper encoder (tiny.en, the shipped model's, "
-                                           "or base); recorded in the adapter's metadata")
+                                           "or base); recorded in the adapter's metadata",
+                          choices=sorted(WHISPER_ENCODERS))
 
 
 def encoder_cache_dir(data: Path, encoder: str = DEFAULT_ENCODER) -> Path:
@@ -863,13 +860,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only compute the encoder cache of SPLIT, then exit")
     ap.add_argument("--shard", type=parse_shard, default=(0, 1), metavar="I/N",
                     help="with --prefill-cache: this process's share of the clips")
-    for f in fields(TrainConfig):
-        flag, v, help_ = f"--{f.name.replace('_', '-')}", f.default, f.metadata["help"]
-        if isinstance(v, bool):
-            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=v, help=help_)
-        else:
-            ap.add_argument(flag, type=type(v), default=v, help=f"{help_} (default: {v})",
-                            choices=sorted(WHISPER_ENCODERS) if f.name == "encoder" else None)
+    add_options(ap, TrainConfig)
     return ap
 
 
