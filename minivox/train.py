@@ -25,6 +25,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -307,14 +308,38 @@ def make_batch(model, proc, rows: list[dict], cache_dir: Path | None,
 
 def _guide(tok, row: dict, part_tokens: list[int], is_audio: torch.Tensor, prompt_len: int,
            margin: float, guide_end: bool = False,
-           offsets: list[tuple[int, int]] | None = None) -> GuideTargets:
+           offsets: list[tuple[int, int]] | None = None) -> GuideTargets | None:
     """The guided-loss targets of one batch row: the query predicting transcript token j sits
     at ``prompt_len - 1 + j``, the one predicting the end token (guided with ``guide_end``)
-    right after the last; ``offsets``: the character span of each transcript token."""
-    spans = torch.from_numpy(target_spans(tok, row, part_tokens, margin, guide_end, offsets))
+    right after the last; ``offsets``: the character span of each transcript token. None
+    (with a warning, once per clip) when the manifest's words do not match the clip's text:
+    the row then trains on its transcript alone."""
+    try:
+        spans = torch.from_numpy(target_spans(tok, row, part_tokens, margin, guide_end, offsets))
+    except ValueError as e:
+        warn_unguided(row, e)
+        return None
     audio_positions = torch.nonzero(is_audio).flatten()
     spans = spans.clamp(max=len(audio_positions))
     return GuideTargets(prompt_len - 1 + torch.arange(len(spans)), audio_positions, spans)
+
+
+_UNGUIDED: set[str] = set()
+
+
+def warn_unguided(row: dict, reason: Exception) -> None:
+    """Say once per clip that it has no guided-attention targets, and why."""
+    clip = "+".join(p.get("id", "?") for p in row.get("parts", [row]))
+    if clip not in _UNGUIDED:
+        _UNGUIDED.add(clip)
+        print(f"warning: {clip}: no guided-attention targets ({reason}); it trains on its "
+              f"transcript alone", file=sys.stderr, flush=True)
+
+
+def has_guides(batch: Batch) -> bool:
+    """Whether any row of ``batch`` has guided-attention targets."""
+    return batch.guides is not None and any(
+        t is not None and len(t.query_positions) for t in batch.guides)
 
 
 def scored_logits(model, batch: Batch) -> torch.Tensor:
@@ -336,7 +361,7 @@ def loss_fn(model, batch: Batch, probe: AttentionProbe | None = None,
     with ctx:
         logits = scored_logits(model, batch)
     loss = F.cross_entropy(logits.float(), batch.labels[batch.labels != -100])
-    if probe is None:
+    if probe is None or not has_guides(batch):
         return loss, None
     if align_weight == 0:  # measured only (TrainConfig.align_log): no graph, no gradient
         with torch.no_grad():
