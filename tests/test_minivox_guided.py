@@ -208,16 +208,24 @@ def _wrapped(llama):
     return SimpleNamespace(model=SimpleNamespace(language_model=llama), lm_head=head)
 
 
-def test_loss_fn_adds_the_weighted_guided_loss_or_only_measures_it() -> None:
-    from kvsim.minivox.train import Batch, loss_fn
+def _one_row_batch(guide: GuideTargets | None):
+    """A 20-position batch row whose positions 13-18 are scored, with ``guide``."""
+    from kvsim.minivox.train import Batch
 
-    llama = _tiny_llama()
-    model = _wrapped(llama)
     embeds = torch.randn(1, 20, 32, dtype=torch.float64)
     labels = torch.full((1, 20), -100)
     labels[0, 13:19] = torch.randint(0, 50, (6,))
+    return Batch(embeds, torch.ones(1, 20, dtype=torch.long), labels, [guide])
+
+
+def test_loss_fn_adds_the_weighted_guided_loss_or_only_measures_it() -> None:
+    from kvsim.minivox.train import loss_fn
+
+    llama = _tiny_llama()
+    model = _wrapped(llama)
     t = _targets(10, 2, range(13, 19), [[0, 2], [2, 4], [4, 6], [5, 7], [7, 9], [8, 10]])
-    batch = Batch(embeds, torch.ones(1, 20, dtype=torch.long), labels, [t])
+    batch = _one_row_batch(t)
+    embeds = batch.embeds
     probe = AttentionProbe(llama, [1, 2])
 
     def grads(loss):
@@ -262,14 +270,11 @@ def test_a_clip_whose_words_do_not_match_its_text_trains_unguided_with_one_warni
 
 
 def test_loss_fn_without_any_guided_row_is_the_transcript_loss() -> None:
-    from kvsim.minivox.train import Batch, loss_fn
+    from kvsim.minivox.train import loss_fn
 
     llama = _tiny_llama()
     model = _wrapped(llama)
-    embeds = torch.randn(1, 20, 32, dtype=torch.float64)
-    labels = torch.full((1, 20), -100)
-    labels[0, 13:19] = torch.randint(0, 50, (6,))
-    batch = Batch(embeds, torch.ones(1, 20, dtype=torch.long), labels, [None])
+    batch = _one_row_batch(None)
     plain, _ = loss_fn(model, batch)
     guided, value = loss_fn(model, batch, AttentionProbe(llama, [1]), 1.0)
     assert value is None and guided.item() == plain.item()
