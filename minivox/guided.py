@@ -206,11 +206,15 @@ def span_loss(prob: torch.Tensor, spans: torch.Tensor,
     return per_row.mean()
 
 
+def is_guided(target: GuideTargets | None) -> bool:
+    """Whether a batch row has guided-attention targets (at least one guided query)."""
+    return target is not None and len(target.query_positions) > 0
+
+
 def guided_loss(probe: AttentionProbe, targets: Sequence[GuideTargets | None]) -> torch.Tensor:
     """:func:`span_loss` averaged over the probe's layers and the batch rows that have targets."""
     losses = [span_loss(probe.audio_attention(layer, i, t), t.spans, t.weights)
-              for layer in probe.attn for i, t in enumerate(targets)
-              if t is not None and len(t.query_positions)]
+              for layer in probe.attn for i, t in enumerate(targets) if is_guided(t)]
     if not losses:
         raise ValueError("no batch row has guided-attention targets")
     return torch.stack(losses).mean()

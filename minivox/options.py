@@ -8,7 +8,7 @@ field's default, type and help.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, field, fields
 from typing import Any
 
@@ -19,12 +19,10 @@ def option(default: Any, help: str, type: Callable[[str], Any] | None = None,
     return field(default=default, metadata={"help": help, "type": type, "choices": choices})
 
 
-def add_options(ap: argparse.ArgumentParser, config: type, skip: Collection[str] = ()) -> None:
-    """Add ``--name`` to ``ap`` for every field of the dataclass ``config`` but ``skip``: booleans
-    as ``--name/--no-name``, the rest typed by ``metadata["type"]`` or their default's type."""
+def add_options(ap: argparse.ArgumentParser, config: type) -> None:
+    """Add ``--name`` to ``ap`` for every field of the dataclass ``config``: booleans as
+    ``--name/--no-name``, the rest typed by ``metadata["type"]`` or their default's type."""
     for f in fields(config):
-        if f.name in skip:
-            continue
         if f.default is MISSING or "help" not in f.metadata:
             raise TypeError(f"{config.__name__}.{f.name}: declare it with option(default, help)")
         flag, v, meta = f"--{f.name.replace('_', '-')}", f.default, f.metadata

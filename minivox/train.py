@@ -50,7 +50,7 @@ from .build import (
     split_adapter,
 )
 from .data import parse_shard, read_manifest
-from .guided import AttentionProbe, GuideTargets, guided_loss, target_spans
+from .guided import AttentionProbe, GuideTargets, guided_loss, is_guided, target_spans
 from .lora import LoRALinear, add_lora, load_lora_state, lora_state
 from .modeling import DEFAULT_ENCODER, WHISPER_ENCODERS
 from .options import add_options, option
@@ -338,8 +338,7 @@ def warn_unguided(row: dict, reason: Exception) -> None:
 
 def has_guides(batch: Batch) -> bool:
     """Whether any row of ``batch`` has guided-attention targets."""
-    return batch.guides is not None and any(
-        t is not None and len(t.query_positions) for t in batch.guides)
+    return batch.guides is not None and any(is_guided(t) for t in batch.guides)
 
 
 def scored_logits(model, batch: Batch) -> torch.Tensor:

@@ -15,7 +15,6 @@ Usage: python scripts/reference_coverage.py RUNS.parquet [--inputs ID,ID] [--lab
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -49,7 +48,9 @@ def read_rows(path: Path) -> pl.DataFrame:
     """(input, label, reference, hypothesis, wer) of a runs parquet (or a folder holding
     ``table5_runs.parquet`` or ``runs.parquet``) or of an evaluation ``.jsonl`` (label: its stem)."""
     if path.suffix == ".jsonl":
-        recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        from kvsim.minivox.evaluate import read_records
+
+        recs = read_records([path], ("ref", "hyp", "wer"))
         return pl.DataFrame({"input": [r["id"] for r in recs], "label": [path.stem] * len(recs),
                              "reference": [r["ref"] for r in recs],
                              "hypothesis": [r["hyp"] for r in recs],
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = pl.concat([read_rows(p).with_columns(pl.lit(p.stem if p.suffix else p.name).alias("source"))
                           for p in a.paths], how="vertical_relaxed")
-    except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if a.inputs:
