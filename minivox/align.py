@@ -220,10 +220,11 @@ class CTCAligner:
         tmp.replace(out)
 
 
-def projector(feature_dim: int, init: Path | None) -> nn.Sequential:
-    """Linear(feature_dim -> 576) + GELU + Linear(576 -> 576), optionally from saved weights."""
-    proj = nn.Sequential(nn.Linear(feature_dim, 576, bias=False), nn.GELU(),
-                         nn.Linear(576, 576, bias=False))
+def projector(feature_dim: int, init: Path | None, width: int = 576) -> nn.Sequential:
+    """Linear(feature_dim -> width) + GELU + Linear(width -> width), optionally from saved
+    weights; ``width`` is the decoder's (576: SmolLM2-135M's)."""
+    proj = nn.Sequential(nn.Linear(feature_dim, width, bias=False), nn.GELU(),
+                         nn.Linear(width, width, bias=False))
     if init is not None:
         from safetensors.torch import load_file
 

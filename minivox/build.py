@@ -107,15 +107,22 @@ def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, s
     return tensors, meta
 
 
+def metadata_value(meta: dict[str, str], key: str, default: object = None) -> object:
+    """An adapter metadata value: JSON-decoded, as :func:`save_adapter` writes it, or the raw
+    string where it is not JSON (written by hand, as some shipped files' ``lineage``)."""
+    if key not in meta:
+        return default
+    try:
+        return json.loads(meta[key])
+    except json.JSONDecodeError:
+        return meta[key]
+
+
 def adapter_encoder(meta: dict[str, str], path: str | Path) -> str:
     """The Whisper encoder an adapter was trained on, from its metadata (``encoder``;
     :data:`~kvsim.minivox.modeling.DEFAULT_ENCODER` when absent, as in every adapter written
     before the key existed); a name minivox cannot build is a one-line error."""
-    raw = meta.get("encoder", json.dumps(DEFAULT_ENCODER))
-    try:
-        name = json.loads(raw)
-    except json.JSONDecodeError:
-        name = raw  # written by hand without JSON quotes: refused below unless a known name
+    name = metadata_value(meta, "encoder", DEFAULT_ENCODER)
     if name not in WHISPER_ENCODERS:
         raise ValueError(f"{path}: metadata encoder={name!r}: not one of {', '.join(WHISPER_ENCODERS)}")
     return name

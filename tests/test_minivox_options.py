@@ -11,6 +11,8 @@ import pytest
 from kvsim.minivox.align import AlignConfig
 from kvsim.minivox.align import parse_args as align_args
 from kvsim.minivox.options import add_options, option
+from kvsim.minivox.swap import SwapConfig
+from kvsim.minivox.swap import parse_args as swap_args
 from kvsim.minivox.train import TrainConfig, build_parser, config_from_args
 
 
@@ -54,7 +56,7 @@ def test_a_field_without_help_is_refused_by_name():
         _parser(Bare)
 
 
-@pytest.mark.parametrize("config", [TrainConfig, AlignConfig])
+@pytest.mark.parametrize("config", [TrainConfig, AlignConfig, SwapConfig])
 def test_every_minivox_training_option_has_help(config):
     for f in fields(config):
         assert f.metadata.get("help"), f"{config.__name__}.{f.name} has no help"
@@ -63,5 +65,6 @@ def test_every_minivox_training_option_has_help(config):
 def test_train_and_align_command_lines_round_trip_their_defaults():
     assert config_from_args(build_parser().parse_args([])) == TrainConfig()
     assert align_args([]) == AlignConfig()
+    assert swap_args([]) == SwapConfig()
     cfg = config_from_args(build_parser().parse_args(["--split-words", "0.1", "--no-bf16"]))
     assert (cfg.split_words, cfg.bf16) == (0.1, False)
