@@ -78,15 +78,16 @@ def stack_frames(features: torch.Tensor) -> torch.Tensor:
     return features.reshape(-1, FRAMES_PER_TOKEN * features.shape[-1])
 
 
-def encoder_tokens(data: Path, rows: list[dict], encoder: str) -> torch.Tensor:
-    """Stacked encoder outputs of ``rows`` on ``encoder``, concatenated (float16; from the
-    corpus's encoder cache, computed and cached where missing)."""
+def encoder_tokens(data: Path, groups: list[list[dict]], encoder: str) -> list[torch.Tensor]:
+    """Per group of rows, their stacked encoder outputs on ``encoder``, concatenated (float16;
+    from the corpus's encoder cache, computed and cached where missing; the model built once)."""
     from .build import build_base
 
     model, proc = build_base(encoder=encoder)
     cache = encoder_cache_dir(data, encoder)
     with torch.no_grad():
-        return torch.cat([stack_frames(encoder_cache(model, proc, r, cache)).half() for r in rows])
+        return [torch.cat([stack_frames(encoder_cache(model, proc, r, cache)).half() for r in rows])
+                for rows in groups]
 
 
 def teacher_projector(projector_state: dict[str, torch.Tensor]) -> nn.Sequential:
@@ -140,14 +141,14 @@ def least_squares_layer(x: torch.Tensor, target: torch.Tensor, ridge: float,
     return torch.linalg.solve(gram, cross).T.float()
 
 
-def least_squares_student(x: torch.Tensor, teacher: nn.Sequential, x_teacher: torch.Tensor,
+def least_squares_student(x: torch.Tensor, teacher: nn.Sequential, pre: torch.Tensor,
                           ridge: float) -> nn.Sequential:
     """A projector for ``x`` (stacked student-encoder tokens): the second layer copied from the
-    teacher, the first solved by :func:`least_squares_layer` for the teacher's pre-activations
-    on ``x_teacher`` (the same tokens on the teacher's encoder)."""
+    teacher, the first solved by :func:`least_squares_layer` for ``pre``, the teacher's
+    pre-activations on the same tokens from its own encoder."""
     student = projector(x.shape[1], None, teacher[2].weight.shape[0])
     student[2].weight.data.copy_(teacher[2].weight)
-    student[0].weight.data.copy_(least_squares_layer(x, project(teacher[0], x_teacher), ridge))
+    student[0].weight.data.copy_(least_squares_layer(x, pre, ridge))
     return student
 
 
@@ -215,13 +216,15 @@ def swap_adapter(cfg: SwapConfig, log=print) -> dict[str, float]:
     rows = first_clips(cfg.data, cfg.train_split, cfg.clips, "--clips")
     dev = first_clips(cfg.data, "dev", cfg.dev_clips, "--dev-clips")
     teacher = teacher_projector(parts.projector)
-    xt, xt_dev = (encoder_tokens(cfg.data, r, source) for r in (rows, dev))
-    x, x_dev = (encoder_tokens(cfg.data, r, cfg.encoder) for r in (rows, dev))
-    y, y_dev = project(teacher, xt), project(teacher, xt_dev)
+    xt, xt_dev = encoder_tokens(cfg.data, [rows, dev], source)
+    x, x_dev = encoder_tokens(cfg.data, [rows, dev], cfg.encoder)
     log(f"{len(rows)} clips, {len(x)} audio tokens ({x.shape[1]} features on {cfg.encoder}, "
         f"{xt.shape[1]} on {source})")
-    student = least_squares_student(x, teacher, xt, cfg.ridge)
+    pre = project(teacher[0], xt)  # the teacher's hidden code before the GELU, computed once
     del xt
+    y, y_dev = project(teacher[1:], pre), project(teacher, xt_dev)
+    student = least_squares_student(x, teacher, pre, cfg.ridge)
+    del pre
     start = fit_quality(student, x_dev, y_dev)
     log(f"least squares: dev ({len(dev)} clips) {describe(start)}")
     student = train_student(student, x, y, cfg, log)

@@ -87,7 +87,7 @@ def test_least_squares_layer_recovers_a_linear_map_and_shrinks_with_the_ridge():
 def test_the_least_squares_student_gives_the_teachers_outputs_from_other_features():
     teacher, mix = _teacher_and_mix()
     x_train, x_held = _tokens(3000, 1), _tokens(500, 2)
-    student = least_squares_student(x_train @ mix, teacher, x_train, ridge=1e-6)
+    student = least_squares_student(x_train @ mix, teacher, teacher[0](x_train), ridge=1e-6)
     assert torch.equal(student[2].weight, teacher[2].weight)
     fit = fit_quality(student, x_held @ mix, teacher(x_held))
     assert fit["relative_error"] < 1e-3 and fit["cosine"] > 0.999
@@ -130,10 +130,13 @@ def _fake_corpus(monkeypatch, n_train: int = 12, n_dev: int = 4):
     monkeypatch.setattr(swap, "read_manifest", lambda data, split: Split(splits[split]))
     mix = torch.randn(32, 40, generator=torch.Generator().manual_seed(1)) / 6
 
-    def tokens(data, rows, encoder):
-        x = torch.cat([torch.randn(375, 32, generator=torch.Generator().manual_seed(zlib.crc32(r["id"].encode())))
-                       for r in rows])
-        return (x if encoder == "tiny.en" else x @ mix).half()
+    def tokens(data, groups, encoder):
+        out = []
+        for rows in groups:
+            x = torch.cat([torch.randn(375, 32, generator=torch.Generator().manual_seed(zlib.crc32(r["id"].encode())))
+                           for r in rows])
+            out.append((x if encoder == "tiny.en" else x @ mix).half())
+        return out
 
     monkeypatch.setattr(swap, "encoder_tokens", tokens)
 
