@@ -70,7 +70,8 @@ class TrainConfig:
                              "decay to 0.1 of the peak)")
     batch: int = option(4, "clips per short-clip step (30-60 s steps take batch // 2)")
     lr: float = option(1e-3, "peak learning rate of the projector")
-    lora_lr: float = option(5e-4, "peak learning rate of the LoRA weights")
+    lora_lr: float = option(5e-4, "peak learning rate of the LoRA weights (0: frozen, the "
+                                  "projector trains alone)")
     warmup: int = option(30, "steps of linear warm-up")
     weight_decay: float = option(0.01, "AdamW weight decay")
     lora_rank: int = option(8, "rank of every LoRA update")
@@ -517,9 +518,18 @@ def trainable_model(cfg: TrainConfig):
             torch.nn.init.kaiming_uniform_(m.lora_A, a=math.sqrt(5))
     add_encoder_lora(model, cfg)
     proj, lora = trainable(model)
-    for p in proj + lora:
-        p.requires_grad_(True)
+    mark_trainable(proj, lora, cfg)
     return model, proc, proj, lora
+
+
+def mark_trainable(proj: list, lora: list, cfg: TrainConfig) -> None:
+    """Let gradients reach the projector always and the LoRA factors unless ``cfg.lora_lr``
+    is 0: then the projector trains alone, and the frozen factors' gradients neither cost a
+    backward pass nor count in the gradient norm that is clipped to 1."""
+    for p in proj:
+        p.requires_grad_(True)
+    for p in lora:
+        p.requires_grad_(cfg.lora_lr > 0)
 
 
 #: The projections of a Whisper encoder layer that ``encoder_lora_layers`` trains.

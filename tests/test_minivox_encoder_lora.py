@@ -28,6 +28,7 @@ from kvsim.minivox.train import (
     encoder_cache,
     load_trainable_adapter,
     make_batch,
+    mark_trainable,
     part_encodings,
     trainable,
 )
@@ -110,6 +111,23 @@ def test_gradients_reach_the_encoder_lora_through_a_live_batch(proc, row, tmp_pa
     now = part_encodings(model, proc, row, None)[0].detach()
     assert cached.shape == now.shape
     assert ((cached - now).abs() <= 2.0**-11 * now.abs() + 2.0**-24).all()
+
+
+@pytest.mark.parametrize("lora_lr", [0.0, 5e-4])
+def test_lora_lr_zero_trains_the_projector_alone(proc, row, lora_lr):
+    model = _model(encoder_layers=2)
+    add_encoder_lora(model, TrainConfig(encoder_lora_layers=1))
+    _randomise_lora(model.model.audio_tower, 3)  # B != 0: the factors are on the live path
+    for p in model.parameters():
+        p.requires_grad_(False)
+    proj, lora = trainable(model)
+    mark_trainable(proj, lora, TrainConfig(lora_lr=lora_lr))
+    make_batch(model, proc, [row], None).embeds.float().pow(2).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in proj)
+    if lora_lr == 0:
+        assert lora and all(p.grad is None for p in lora)
+    else:
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in lora)
 
 
 def _encoder_adapter(tmp_path, name: str, seed: int):
