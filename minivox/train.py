@@ -801,11 +801,12 @@ def train(data: Path, run: Path, cfg: TrainConfig, export_to: Path | None,
     bar = tqdm(total=cfg.steps, initial=step, desc="train", mininterval=10, disable=not lead)
     ema = None
     end = min(cfg.stop_step or cfg.steps, cfg.steps)
+    training = [p for p in proj + lora if p.requires_grad]  # averaged across ranks and clipped
     while step < end:
         sub_batch = data_step(step, cfg, world, rank)
         batch = perturb_rows(batch_rows(sub_batch, cfg, train_rows, rows.long, rows.longform),
                              speeds, cfg.seed, sub_batch)
-        res = train_step(model, proc, batch, cache_dir, cfg, opt, sched, proj + lora, probe,
+        res = train_step(model, proc, batch, cache_dir, cfg, opt, sched, training, probe,
                          world, t0, sub_batch, pool)
         step += 1
         ema = res.loss if ema is None else 0.9 * ema + 0.1 * res.loss
