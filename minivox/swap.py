@@ -28,7 +28,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,12 +35,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from kvsim.trace.atomic import atomic_file
+
 from .align import FRAMES_PER_TOKEN, projector
 from .build import adapter_encoder, metadata_value, read_adapter, save_adapter, split_adapter
 from .data import read_manifest
 from .modeling import WHISPER_ENCODERS
 from .options import add_options, option
-from .train import encoder_cache, encoder_cache_dir
+from .train import cosine_lr, encoder_cache, encoder_cache_dir
 
 
 @dataclass
@@ -92,8 +93,8 @@ def encoder_tokens(data: Path, groups: list[list[dict]], encoder: str) -> list[t
 
 def teacher_projector(projector_state: dict[str, torch.Tensor]) -> nn.Sequential:
     """The adapter's projector as a module (float32, frozen)."""
-    hidden, width = projector_state["linear_1.weight"].shape
-    proj = projector(width, None, hidden)
+    hidden, features = projector_state["linear_1.weight"].shape
+    proj = projector(features, None, hidden)
     proj[0].weight.data.copy_(projector_state["linear_1.weight"].float())
     proj[2].weight.data.copy_(projector_state["linear_2.weight"].float())
     return proj.requires_grad_(False)
@@ -117,13 +118,6 @@ def fit_quality(student: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[st
 def describe(quality: dict[str, float]) -> str:
     """A fit's relative error and cosine, in words."""
     return f"relative error {quality['relative_error']:.4f}, cosine {quality['cosine']:.4f}"
-
-
-def cosine_lr(step: int, total: int, warmup: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then a cosine decay to 0 at ``total``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
 
 
 def least_squares_layer(x: torch.Tensor, target: torch.Tensor, ridge: float,
@@ -232,9 +226,8 @@ def swap_adapter(cfg: SwapConfig, log=print) -> dict[str, float]:
                **{f"least_squares_{k}": v for k, v in start.items()}}
     log(f"trained: dev {describe(quality)}")
     state = {"linear_1.weight": student[0].weight, "linear_2.weight": student[2].weight}
-    tmp = cfg.out.with_name(cfg.out.name + ".tmp")
-    save_adapter(tmp, state, parts.lora, swap_meta(meta, cfg, source, quality))
-    tmp.replace(cfg.out)
+    with atomic_file(cfg.out) as tmp:
+        save_adapter(tmp, state, parts.lora, swap_meta(meta, cfg, source, quality))
     return quality
 
 

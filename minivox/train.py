@@ -552,20 +552,23 @@ def add_encoder_lora(model, cfg: TrainConfig) -> list[str]:
     return names
 
 
+def cosine_lr(step: int, total: int, warmup: int, floor: float = 0.0) -> float:
+    """The learning-rate factor at ``step``: linear warm-up over ``warmup`` steps, then a
+    cosine decay from 1 to ``floor`` at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    frac = (step - warmup) / max(1, total - warmup)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+
 def optimizer(cfg: TrainConfig, proj: list, lora: list):
     """AdamW (projector and LoRA learning rates) and its warm-up + cosine schedule to x0.1."""
     opt = torch.optim.AdamW([
         {"params": proj, "lr": cfg.lr},
         {"params": lora, "lr": cfg.lora_lr},
     ], weight_decay=cfg.weight_decay)
-
-    def lr_lambda(s: int) -> float:
-        if s < cfg.warmup:
-            return (s + 1) / cfg.warmup
-        frac = (s - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
-
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
+    return opt, torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: cosine_lr(s, cfg.steps, cfg.warmup, floor=0.1))
 
 
 def start_or_resume(run: Path, model, proc, opt, sched, train_rows: list[dict], data: Path,
